@@ -1,0 +1,56 @@
+"""Quickstart: a small regression model trained on 2 processes, written as for Accelerate.
+
+Run it with:  accel launch --num-processes 2 examples/quickstart.py
+Only the import differs from an Accelerate script.
+"""
+
+import torch
+from accel import Accelerator
+from accel.utils import set_seed
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_data(n_train: int = 512, n_eval: int = 100, features: int = 16):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n_train + n_eval, features, generator=g)
+    true_w = torch.randn(features, 1, generator=g)
+    y = x @ true_w + 0.01 * torch.randn(n_train + n_eval, 1, generator=g)
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+
+
+def main() -> None:
+    accelerator = Accelerator()
+    set_seed(42)
+    train_set, eval_set = make_data()
+    train = DataLoader(train_set, batch_size=32, shuffle=True)
+    evaluation = DataLoader(eval_set, batch_size=16)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=40, gamma=0.5)
+    model, optimizer, train, evaluation, scheduler = accelerator.prepare(model, optimizer, train, evaluation, scheduler)
+
+    for epoch in range(5):
+        model.train()
+        total = torch.zeros((), device=accelerator.device)
+        for x, y in train:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            total += loss.detach()
+        mean_loss = accelerator.reduce(total / len(train), reduction="mean")
+        accelerator.print(f"epoch {epoch}: train loss {mean_loss.item():.4f}")
+
+    model.eval()
+    errors = []
+    with torch.no_grad():
+        for x, y in evaluation:
+            errors.append(accelerator.gather_for_metrics((model(x) - y).pow(2)))
+    errors = torch.cat(errors)
+    accelerator.print(f"eval: {errors.shape[0]} samples, mse {errors.mean().item():.4f}")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

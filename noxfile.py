@@ -1,0 +1,87 @@
+"""Every check of the project, one nox session each.
+
+    nox                      # the whole test suite (what CI runs)
+    nox -s quickstart        # train the example on 2 processes
+    nox -s bench             # step-time and import-cost benchmarks (not part of the suite)
+    nox -s "tests(package='accel-base')"
+
+The default sessions run on the local torch pin; sessions for vendor stacks that pin their
+own torch get their own virtualenv.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TORCH = "torch==2.13.0"
+LINE_LENGTH = "120"
+PYTHON = "3.11"
+
+nox.options.sessions = ["lint", "typecheck", "tests", "integration", "quickstart"]
+nox.options.error_on_missing_interpreters = True
+
+BASE = "packages/accel-base"
+TEST_PLUGINS = f"{BASE}/tests/plugins/accel-test-plugins"
+LINTED = ["packages", "integration_tests", "examples", "noxfile.py"]
+PACKAGES = ["accel-base"]
+
+
+def install_base(session: nox.Session, *extras: str) -> None:
+    """torch from the pin, then accel-base (editable) with `extras`."""
+    session.install(TORCH)
+    spec = f"{BASE}[{','.join(extras)}]" if extras else BASE
+    session.install("-e", spec)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    rules = ["--select", "E,F,W,I,UP,B,SIM,RUF", "--ignore", "E501,RUF012,RUF022,SIM105,B905,UP042"]
+    session.run("ruff", "check", "--line-length", LINE_LENGTH, *rules, *LINTED)
+    session.run("ruff", "format", "--check", "--line-length", LINE_LENGTH, *LINTED)
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy on accel-base."""
+    install_base(session)
+    session.install("mypy")
+    session.run("mypy", f"{BASE}/src/accel", "--ignore-missing-imports", "--python-version", PYTHON)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """A package's unit tests (multi-process ones launch 2 gloo ranks)."""
+    install_base(session, "tensorboard")
+    session.install("pytest", "pytest-timeout", "-e", TEST_PLUGINS)
+    session.run("pytest", f"packages/{package}/tests", "-q", "--timeout=600", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("adapter", ["cpu"])
+def integration(session: nox.Session, adapter: str) -> None:
+    """Real multi-process scenarios through `accel launch` (gloo)."""
+    install_base(session, "tensorboard")
+    session.install("pytest", "pytest-timeout")
+    session.run(
+        "pytest", "integration_tests", "-q", "--timeout=600", *session.posargs, env={"ACCEL_IT_ADAPTER": adapter}
+    )
+
+
+@nox.session(python=PYTHON)
+def quickstart(session: nox.Session) -> None:
+    """Train the README's example on 2 CPU processes."""
+    install_base(session)
+    session.run("accel", "launch", "--num-processes", "2", "examples/quickstart.py")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (ratios against raw PyTorch in the same process); writes no test verdict."""
+    install_base(session)
+    session.run("python", f"{BASE}/benchmarks/run.py", *session.posargs)

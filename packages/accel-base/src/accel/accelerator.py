@@ -1,0 +1,863 @@
+"""`Accelerator`: the training loop's API. It orchestrates; the adapter and strategy do the work.
+
+The names and semantics are those of the peer library's `Accelerator`, so a script
+written for it runs with only the import changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import checkpoint as ckpt
+from . import ops
+from .adapter import Adapter
+from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
+from .errors import CheckpointError
+from .kwargs import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .optimizer import AcceleratedOptimizer
+from .precision import remove_autocast_wrapper
+from .prepare import PrepareContext
+from .registry import get_strategy_class
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, DistributedType, GradientState
+from .strategies.base import Strategy
+from .trackers import TrackerHub
+
+_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
+
+
+class Accelerator:
+    """One training loop for every accelerator.
+
+    Args:
+        device_placement: move prepared models and batches to `self.device`.
+        split_batches: deprecated spelling of `DataLoaderConfiguration(split_batches=...)`.
+        mixed_precision: "no", "bf16", "fp16" (with a grad scaler) or "fp8" (adapters that
+            support it); default `ACCEL_MIXED_PRECISION` or "no".
+        gradient_accumulation_steps: micro-batches per optimizer step under `accumulate`.
+        cpu: force the built-in cpu adapter.
+        adapter: name of the hardware adapter (default: `ACCEL_ADAPTER`, else the best
+            available one).
+        emulate: run the adapter's code on the CPU with gloo (default `ACCEL_EMULATE`).
+        strategy: "ddp" (default), "fsdp2", "deepspeed", or another registered strategy.
+        dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin:
+            the configuration dataclasses.
+        kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`,
+            `InitProcessGroupKwargs`, `AutocastKwargs`, ...
+        log_with, project_dir: trackers and where checkpoints go.
+        step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
+
+    Raises:
+        ValueError: unknown precision, a precision the adapter lacks, or a kwargs handler
+            given twice.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        *,
+        adapter: str | None = None,
+        emulate: bool | None = None,
+        strategy: str | None = None,
+        strategy_config: Any = None,
+        even_batches: bool | None = None,
+    ) -> None:
+        handlers = _sort_handlers(kwargs_handlers or [])
+        self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)
+        self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)
+        self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
+        self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
+        self.kwargs_handlers = handlers
+
+        if project_config is None:
+            project_config = ProjectConfiguration(project_dir=str(project_dir) if project_dir else None)
+        elif project_dir is not None:
+            project_config.set_directories(str(project_dir))
+        self.project_configuration = project_config
+
+        config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not None:
+            config.split_batches = split_batches
+        if even_batches is not None:
+            config.even_batches = even_batches
+        self.dataloader_config = config
+
+        if dynamo_plugin is None and dynamo_backend is not None:
+            dynamo_plugin = TorchDynamoPlugin(backend=str(dynamo_backend).lower())
+        elif dynamo_plugin is None:
+            dynamo_plugin = TorchDynamoPlugin()
+
+        strategy_name, strategy_config = _pick_strategy(
+            strategy, strategy_config, fsdp_plugin, deepspeed_plugin, megatron_lm_plugin
+        )
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            adapter=adapter,
+            emulate=emulate,
+            strategy=strategy_name,
+            init_kwargs=self.init_handler,
+            dynamo_plugin=dynamo_plugin,
+            _from_accelerator=True,
+        )
+        self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(strategy_config)
+        self.state._partial.distributed_type = self.strategy.distributed_type(self.state.use_distributed)
+
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
+            raise ValueError(
+                "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
+                "Set `num_steps` in the plugin instead."
+            )
+        if gradient_accumulation_plugin is None:
+            steps = int(os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
+        if gradient_accumulation_plugin.num_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_plugin.num_steps}.")
+        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types
+        self.scaler = self.adapter.make_grad_scaler(
+            self.mixed_precision, **(self.scaler_handler.to_kwargs() if self.scaler_handler else {})
+        )
+
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoaderShard] = []
+        self._custom_objects: list[Any] = []
+        self._save_state_pre_hooks: dict[int, Callable[..., Any]] = {}
+        self._load_state_pre_hooks: dict[int, Callable[..., Any]] = {}
+        self.trackers = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
+
+    # ---- state ----------------------------------------------------------------------------
+    @property
+    def adapter(self) -> Adapter:
+        """The hardware adapter in use."""
+        return self.state.adapter  # type: ignore[no-any-return]
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type  # type: ignore[no-any-return]
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes  # type: ignore[no-any-return]
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index  # type: ignore[no-any-return]
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device  # type: ignore[no-any-return]
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process  # type: ignore[no-any-return]
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process  # type: ignore[no-any-return]
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process  # type: ignore[no-any-return]
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed  # type: ignore[no-any-return]
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision  # type: ignore[no-any-return]
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs["num_steps"] = int(steps)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # ---- process helpers ---------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)  # type: ignore[no-any-return]
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state._partial.main_process_first()  # type: ignore[no-any-return]
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state._partial.local_main_process_first()  # type: ignore[no-any-return]
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state._partial.on_main_process(function)  # type: ignore[no-any-return]
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state._partial.on_local_main_process(function)  # type: ignore[no-any-return]
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state._partial.on_last_process(function)  # type: ignore[no-any-return]
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        return self.state._partial.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        return self.state._partial.on_local_process(function, local_process_index=local_process_index)
+
+    # ---- prepare --------------------------------------------------------------------------
+    def _context(self, device_placement: bool, evaluation_mode: bool = False) -> PrepareContext:
+        return PrepareContext(
+            device=self.device,
+            device_placement=device_placement,
+            evaluation_mode=evaluation_mode,
+            mixed_precision=self.mixed_precision,
+            autocast_kwargs=_autocast_kwargs(self.autocast_handler),
+            strategy=self.strategy,
+            use_distributed=self.use_distributed,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            ddp_kwargs=self.ddp_handler,
+            ddp_device_ids=self.adapter.ddp_device_ids(self.device),
+            dynamo_plugin=self.state.dynamo_plugin,
+        )
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers, in any order.
+
+        Returns the prepared objects in the order given (one object alone is returned
+        as is). Objects already prepared are returned unchanged.
+
+        Raises:
+            ValueError: `device_placement` is not one flag per object; a model loaded with a
+                multi-device `device_map` in distributed mode; the strategy's own rules.
+        """
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
+            )
+        self.strategy.validate_prepare(args, self)
+        objects = list(args)
+        self.adapter.before_prepare(objects, self._context(self.device_placement))
+        # Models and data loaders first: optimizers must see the placed parameters, and
+        # schedulers the prepared optimizers.
+        result: list[Any] = list(objects)
+        for i, obj in enumerate(objects):
+            if not _is_second_pass(obj):
+                result[i] = self._prepare_one(obj, device_placement[i])
+        for i, obj in enumerate(objects):
+            if _is_second_pass(obj):
+                result[i] = self._prepare_one(obj, device_placement[i])
+        self.adapter.after_prepare(result, self._context(self.device_placement))
+        self.strategy.after_prepare(result, self)
+        for obj in result:
+            with contextlib.suppress(AttributeError, TypeError):
+                obj._is_accel_prepared = True
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if getattr(obj, "_is_accel_prepared", False):
+            return obj
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        if isinstance(obj, _SCHEDULER_TYPES) or (
+            hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+        ):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Place, set precision, apply the strategy and compile one model (through the adapter).
+
+        `evaluation_mode=True` prepares for inference only: no strategy wrapper.
+
+        Raises:
+            ValueError: for quantized (8-bit/4-bit) or `device_map` models the seed library
+                also refuses, with the same messages.
+        """
+        if device_placement is None:
+            device_placement = self.device_placement
+        device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
+        prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode))
+        self._models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap an optimizer so it steps with accumulation and the grad scaler."""
+        if getattr(optimizer, "_is_accel_prepared", False):
+            if optimizer not in self._optimizers:
+                self._optimizers.append(optimizer)  # type: ignore[arg-type]
+            return optimizer  # type: ignore[return-value]
+        if device_placement is None:
+            device_placement = self.device_placement
+        optimizer = self.strategy.prepare_optimizer(optimizer, self)
+        optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
+        wrapped = AcceleratedOptimizer(
+            optimizer, device_placement=device_placement, scaler=self.scaler, adapter=self.adapter, device=self.device
+        )
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap a scheduler so it steps only with real optimizer steps."""
+        if getattr(scheduler, "_is_accel_prepared", False):
+            return scheduler  # type: ignore[no-any-return]
+        optimizer = scheduler.optimizer
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is optimizer or opt is optimizer] or [optimizer]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
+    ) -> DataLoaderShard:  # type: ignore[type-arg]
+        """Shard a data loader over the processes (see `accel.data`)."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device if device_placement else None,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            seed=self._data_seed(data_loader),
+            use_seedable_sampler=config.use_seedable_sampler,
+            non_blocking=config.non_blocking,
+            gradient_state=self.gradient_state,
+            stateful=config.use_stateful_dataloader,
+            extra_kwargs=self.adapter.prepare_data_loader_kwargs(self._context(device_placement)),
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def _data_seed(self, data_loader: DataLoader) -> int:  # type: ignore[type-arg]
+        if self.dataloader_config.data_seed is not None:
+            return int(self.dataloader_config.data_seed)
+        if data_loader.generator is not None:
+            return int(data_loader.generator.initial_seed())
+        # Rank 0's draw from its torch RNG (so `set_seed` controls it), shared once here
+        # rather than re-synchronising generators at every epoch.
+        seed = [int(torch.randint(0, 2**31 - 1, (1,)).item())]
+        return int(ops.broadcast_object_list(seed)[0])
+
+    def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:
+        """Resume mid-epoch: skip the `num_batches` batches of the current epoch already seen."""
+        return skip_first_batches(dataloader, num_batches)
+
+    # ---- the step -----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
+        if self.gradient_state.num_steps > 1 and self.strategy.scales_loss_for_accumulation:
+            loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        if not self.strategy.backward(loss, self, **kwargs):
+            self.adapter.backward(loss, **kwargs)
+        self.adapter.after_backward()
+
+    def _do_sync(self) -> None:
+        gs = self.gradient_state
+        if gs.sync_with_dataloader and gs.end_of_dataloader:
+            self.step = 0
+            gs._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gs._set_sync_gradients((self.step % gs.num_steps) == 0)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation for `model` inside the block."""
+        with self.strategy.no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Accumulate gradients over `gradient_accumulation_steps` micro-batches.
+
+        Gradients are synchronised (and prepared optimizers step) only on the last
+        micro-batch of each group and at the end of the data loader.
+        """
+        self._do_sync()
+        allow = self.sync_gradients or self.gradient_state.sync_each_batch
+        with contextlib.ExitStack() as stack:
+            if not allow:
+                for m in models:
+                    stack.enter_context(self.strategy.no_sync(m))
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        """Run the block under the Accelerator's mixed precision."""
+        with self.adapter.autocast(self.mixed_precision, **_autocast_kwargs(autocast_handler or self.autocast_handler)):
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide gradients by the fp16 loss scale (done for you by the clip methods)."""
+        if self.scaler is None or not self.sync_gradients:
+            return
+        optimizers = (
+            optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer else self._optimizers
+        )
+        for opt in optimizers:
+            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
+            self.scaler.unscale_(inner)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the global gradient norm; returns the norm before clipping."""
+        self.unscale_gradients()
+        params = list(parameters)
+        handled = self.strategy.clip_grad_norm_(params, max_norm, norm_type, self)
+        if handled is not None:
+            return handled
+        return self.adapter.clip_grad_norm_(params, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clip each gradient element to [-clip_value, clip_value]."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ---- collectives ----------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors from every process along dim 0."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, minus the samples that `even_batches` padding added to the last batch."""
+        all_tensors = all(isinstance(t, torch.Tensor) for t in ops._tensors(input_data)) and bool(
+            ops._tensors(input_data)
+        )
+        use_gather_object = use_gather_object or not all_tensors
+        data = ops.gather_object(input_data) if use_gather_object else ops.gather(input_data)
+        gs = self.gradient_state
+        if not (gs.end_of_dataloader and gs.remainder > 0):
+            return data
+        if use_gather_object:
+            return data[: gs.remainder]
+        return ops.recursively_apply(lambda t: t[: gs.remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce tensors ("sum", "mean" or "none"), times `scale`."""
+        return ops.reduce(tensor, reduction=reduction, scale=scale)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        return ops.broadcast(tensor, from_process=from_process)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad tensors along `dim` to the largest size across processes."""
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that `check_trigger` sees on all of them."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called `set_trigger` (then the flag is cleared)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = ops.reduce(self.flag_tensor, reduction="sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # ---- models -----------------------------------------------------------------------------
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's module out of every wrapper (strategy, compile, fp32-output).
+
+        With `keep_fp32_wrapper=False` the mixed-precision forward is removed as well.
+        """
+        inner = model
+        while True:
+            nxt = inner
+            if not keep_torch_compile and hasattr(inner, "_orig_mod"):
+                nxt = inner._orig_mod  # type: ignore[assignment]
+            nxt = self.strategy.unwrap(nxt)
+            if nxt is inner:
+                break
+            inner = nxt
+        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod  # type: ignore[assignment]
+            inner = self.strategy.unwrap(inner)
+        if not keep_fp32_wrapper:
+            remove_autocast_wrapper(inner)
+        return inner
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict of `model` (gathered if it is sharded). Call it on every process."""
+        if not unwrap:
+            return model.state_dict()
+        return self.strategy.full_state_dict(_strip_compile(model))
+
+    def _load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
+    ) -> None:
+        self.strategy.load_full_state_dict(_strip_compile(model), state_dict, strict=strict)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write `model`'s full weights to `save_directory` as safetensors (sharded above `max_shard_size`).
+
+        The files load into a plain, unwrapped module with `safetensors.torch.load_file`.
+        Call it on every process; only the main process writes.
+        """
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            ckpt.write_model_files(
+                state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+            )
+        self.wait_for_everyone()
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save `obj` from the main process only (safetensors when `safe_serialization`)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            ckpt.save_safetensors(obj, f)
+        else:
+            ckpt.save_torch(obj, f)
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop every reference the Accelerator holds, collect garbage, empty the device cache.
+
+        Returns `objects` as a list of None, to rebind: `model, opt = accelerator.free_memory(model, opt)`.
+        """
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        self.adapter.empty_cache()
+        return [None for _ in objects]
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of `free_memory`."""
+        return self.free_memory(*objects)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with `state_dict`/`load_state_dict` in `save_state`/`load_state`."""
+        invalid = [
+            f"\t- Item at index {i}, `{type(o).__name__}`"
+            for i, o in enumerate(objects)
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if invalid:
+            raise ValueError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:\n" + "\n".join(invalid)
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call `hook(models, weights, output_dir)` before `save_state` writes."""
+        return _HookHandle(self._save_state_pre_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call `hook(models, input_dir)` before `load_state` reads."""
+        return _HookHandle(self._load_state_pre_hooks, hook)
+
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **_: Any
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, data positions, RNG and registered objects.
+
+        With `ProjectConfiguration(automatic_checkpoint_naming=True)` and no `output_dir`, writes
+        `<project_dir>/checkpoints/checkpoint_<n>` and prunes beyond `total_limit`. The
+        directory appears only once complete. Returns its path.
+        """
+        cfg = self.project_configuration
+        if cfg.automatic_checkpoint_naming:
+            if cfg.project_dir is None:
+                raise ValueError("automatic_checkpoint_naming needs `project_dir` in ProjectConfiguration.")
+            output_dir = Path(cfg.project_dir) / "checkpoints" / f"checkpoint_{cfg.iteration}"
+            if ckpt.is_complete(output_dir):
+                raise ValueError(
+                    f"Checkpoint directory {output_dir} ({cfg.iteration}) already exists. "
+                    "Please manually override `self.save_iteration` with what iteration to start with."
+                )
+            if self.is_main_process and cfg.total_limit is not None:
+                ckpt.prune(cfg.project_dir, cfg.total_limit - 1)
+        elif output_dir is None:
+            raise ValueError(
+                "save_state needs `output_dir` (or ProjectConfiguration(automatic_checkpoint_naming=True))."
+            )
+        path = ckpt.save_state(self, output_dir, safe_serialization=safe_serialization)
+        if cfg.automatic_checkpoint_naming:
+            cfg.iteration += 1
+        return str(path)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, strict: bool = True, **_: Any) -> None:
+        """Restore everything `save_state` saved. With no `input_dir`, the latest complete automatic checkpoint.
+
+        Raises:
+            CheckpointError: no checkpoint, an incomplete one, or a damaged or unsafe file.
+        """
+        cfg = self.project_configuration
+        if input_dir is None:
+            if not cfg.automatic_checkpoint_naming or cfg.project_dir is None:
+                raise ValueError(
+                    "load_state needs `input_dir` unless ProjectConfiguration(automatic_checkpoint_naming=True)."
+                )
+            found = ckpt.list_checkpoints(cfg.project_dir)
+            if not found:
+                raise CheckpointError(f"No complete checkpoint under {Path(cfg.project_dir) / 'checkpoints'}.")
+            number, input_dir = found[-1]
+        else:
+            number = None
+            m = ckpt._CHECKPOINT_RE.match(Path(input_dir).name)
+            if m:
+                number = int(m.group(1))
+        ckpt.load_state(self, input_dir, strict=strict)
+        if cfg.automatic_checkpoint_naming and number is not None:
+            # Continue numbering after the loaded checkpoint instead of colliding with it.
+            cfg.iteration = number + 1
+        self.wait_for_everyone()
+
+    # ---- trackers --------------------------------------------------------------------------
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Start the trackers named in `log_with` (main process only)."""
+        self.trackers.init(project_name, config, init_kwargs or {})
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Log scalars to every tracker (main process only)."""
+        self.trackers.log(values, step=step, log_kwargs=log_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        return self.trackers.get(name, unwrap=unwrap)
+
+    def end_training(self) -> None:
+        """Close the trackers and wait for every process."""
+        self.trackers.finish()
+        self.wait_for_everyone()
+
+    def __repr__(self) -> str:
+        return f"Accelerator(adapter={self.adapter.describe()!r}, num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r})"
+
+
+class _HookHandle:
+    _next_id = 0
+
+    def __init__(self, hooks: dict[int, Callable[..., Any]], hook: Callable[..., Any]) -> None:
+        self.hooks = hooks
+        self.id = _HookHandle._next_id
+        _HookHandle._next_id += 1
+        hooks[self.id] = hook
+
+    def remove(self) -> None:
+        self.hooks.pop(self.id, None)
+
+
+def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
+    found: dict[type, Any] = {}
+    for handler in handlers:
+        kind = type(handler)
+        if kind in found:
+            raise ValueError(f"You can only pass one {kind.__name__} in `kwargs_handlers`.")
+        found[kind] = handler
+    return found
+
+
+def _autocast_kwargs(handler: AutocastKwargs | None) -> dict[str, Any]:
+    if handler is None:
+        return {}
+    kwargs: dict[str, Any] = {"enabled": handler.enabled}
+    if handler.cache_enabled is not None:
+        kwargs["cache_enabled"] = handler.cache_enabled
+    return kwargs
+
+
+def _pick_strategy(
+    strategy: str | None, config: Any, fsdp: Any, deepspeed: Any, megatron: Any
+) -> tuple[str | None, Any]:
+    chosen = [
+        (name, plugin)
+        for name, plugin in (("fsdp2", fsdp), ("deepspeed", deepspeed), ("megatron", megatron))
+        if plugin is not None
+    ]
+    if len(chosen) > 1:
+        raise ValueError(
+            f"Pass at most one of fsdp_plugin, deepspeed_plugin, megatron_lm_plugin; got {[c[0] for c in chosen]}."
+        )
+    if chosen:
+        name, plugin = chosen[0]
+        if strategy is not None and strategy != name:
+            raise ValueError(f"strategy={strategy!r} conflicts with the {name} plugin you passed.")
+        return name, plugin
+    return strategy, config
+
+
+def _is_second_pass(obj: Any) -> bool:
+    return isinstance(obj, (torch.optim.Optimizer, *_SCHEDULER_TYPES)) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    )
+
+
+def _strip_compile(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "_orig_mod", model)
+
+
+def _check_device_map(
+    model: torch.nn.Module, device_placement: bool, distributed_type: DistributedType, device: torch.device
+) -> bool:
+    """The seed library's rules for quantized and `device_map` models; returns the placement to use."""
+    device_map = getattr(model, "hf_device_map", None)
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+    if quantized and device_map:
+        devices = set(device_map.values())
+        if len(devices) > 1 and distributed_type != DistributedType.NO:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on multiple devices in any "
+                "distributed mode. In order to use 8-bit or 4-bit models that have been loaded across multiple devices "
+                "the solution is to use Naive Pipeline Parallelism. Therefore you should not specify that you are "
+                "under any distributed regime in your accel config."
+            )
+        if len(devices) == 1:
+            only = next(iter(devices))
+            if isinstance(only, int):
+                only = torch.device(device.type, only)
+            elif isinstance(only, str) and only not in ("cpu", "disk"):
+                only = torch.device(only)
+            if isinstance(only, torch.device) and (
+                only.type != device.type or (only.index or 0) != (device.index or 0)
+            ):
+                raise ValueError(
+                    "You can't train a model that has been loaded in 8-bit or 4-bit precision on a different device than "
+                    f"the one you're training on ({device}). Make sure you loaded the model on the correct device using "
+                    "for example `device_map={'': accelerator.device}`."
+                )
+        if "cpu" in devices or "disk" in devices:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload. "
+                "Load it entirely on the accelerator, or train it unquantized."
+            )
+        return False
+    if _verify_device_map(model):
+        if distributed_type != DistributedType.NO:
+            raise ValueError(
+                "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode. "
+                "Please rerun your script specifying `--num-processes 1` or by launching with `python {myscript.py}`."
+            )
+        return False
+    return device_placement
+
+
+def _verify_device_map(model: torch.nn.Module) -> bool:
+    return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())

@@ -1,0 +1,292 @@
+"""The adapter contract: the one place that owns a kind of hardware.
+
+An adapter says which device a local rank uses, which collective backend joins the
+processes, how autocast and loss scaling work there, and how a model is made ready
+(`prepare_model`). Every method has the plain-PyTorch behaviour as its default, so an
+adapter overrides only what its hardware does differently. Nothing outside an adapter
+touches a vendor module.
+
+Emulation (`ACCEL_EMULATE=1`): the adapter keeps every decision and swaps only the
+device (for `cpu`), the backend (for `gloo`) and the one module holding vendor calls
+(`vendor_module` -> `emulated_vendor_module`). Emulation replaces the vendor call,
+never the decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .prepare import PrepareContext
+
+ADAPTER_API_VERSION = 1
+"""Version of this contract. An adapter built for another major version is refused by name."""
+
+PRECISIONS = ("no", "bf16", "fp16", "fp8")
+
+
+@dataclass(kw_only=True, frozen=True)
+class Capabilities:
+    """What an adapter claims; the conformance kit tests every claim and skips the rest."""
+
+    precisions: frozenset[str] = frozenset({"no"})
+    """Mixed-precision modes the adapter runs ("no", "bf16", "fp16", "fp8")."""
+    strategies: frozenset[str] = frozenset({"ddp"})
+    """Strategies (entry points in `accel.strategies`) the adapter applies."""
+    compile: bool = False
+    """Whether `torch.compile` works through the adapter."""
+    multi_process: bool = True
+    """Whether several processes can run on one host (2 ranks in the kit)."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class Availability:
+    """Whether an adapter can run here, and why not when it cannot."""
+
+    available: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+class Adapter:
+    """Base class of every hardware adapter.
+
+    Subclasses set `name`, `priority`, `device_type`, `backend`, `capabilities` and
+    override `availability()`; the rest has working defaults.
+    """
+
+    name: ClassVar[str] = "base"
+    """Name users pass to `Accelerator(adapter=...)`, `ACCEL_ADAPTER` and `accel launch --adapter`."""
+    priority: ClassVar[int] = 0
+    """Among available adapters the highest priority is chosen when none is named."""
+    api_version: ClassVar[int] = ADAPTER_API_VERSION
+    hardware_device_type: ClassVar[str] = "cpu"
+    """torch device type on real hardware (e.g. the vendor's device string)."""
+    hardware_backend: ClassVar[str] = "gloo"
+    """torch.distributed backend on real hardware."""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    vendor_module: ClassVar[str | None] = None
+    """Dotted path of the adapter's module of vendor calls (the only one that imports the vendor)."""
+    emulated_vendor_module: ClassVar[str | None] = None
+    """Dotted path of its CPU stand-in, used under emulation."""
+
+    def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
+        self.emulate = emulate
+        self.options: dict[str, Any] = dict(options or {})
+        self._vendor: ModuleType | None = None
+
+    # ---- discovery -------------------------------------------------------------------
+    @classmethod
+    def availability(cls) -> Availability:
+        """Can this adapter run on this machine (without emulation)? Must be cheap and never raise."""
+        return Availability(available=True)
+
+    # ---- device and backend ----------------------------------------------------------
+    @property
+    def device_type(self) -> str:
+        return "cpu" if self.emulate else self.hardware_device_type
+
+    @property
+    def backend(self) -> str:
+        return "gloo" if self.emulate else self.hardware_backend
+
+    @property
+    def vendor(self) -> ModuleType:
+        """The module of vendor calls, or its stand-in under emulation (imported on first use)."""
+        if self._vendor is None:
+            path = self.emulated_vendor_module if self.emulate else self.vendor_module
+            if path is None:
+                raise NotImplementedError(f"adapter {self.name!r} declares no vendor module")
+            self._vendor = importlib.import_module(path)
+        return self._vendor
+
+    def device_for(self, local_rank: int) -> torch.device:
+        """The device a process with this local rank uses."""
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, local_rank)
+
+    def ddp_device_ids(self, device: torch.device) -> list[int] | None:
+        """`device_ids` for DistributedDataParallel: None on CPU, the device index otherwise."""
+        return None if device.type == "cpu" or device.index is None else [device.index]
+
+    def set_device(self, device: torch.device) -> None:
+        """Make `device` current before the process group starts (e.g. a `set_device` call)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (used by `wait_for_everyone`, never by the step)."""
+
+    def empty_cache(self) -> None:
+        """Release cached device memory (`free_memory`)."""
+
+    def memory_stats(self) -> dict[str, int]:
+        return {}
+
+    # ---- random state ------------------------------------------------------------------
+    def get_rng_state(self) -> dict[str, Any]:
+        """RNG state of every generator this process uses, for checkpoints."""
+        np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+        return {
+            "python": random.getstate(),
+            "numpy": {
+                "kind": np_state[0],
+                "keys": torch.from_numpy(np.asarray(np_state[1]).astype(np.int64)),
+                "pos": int(np_state[2]),
+                "has_gauss": int(np_state[3]),
+                "cached_gaussian": float(np_state[4]),
+            },
+            "torch": torch.get_rng_state(),
+            "device": self.get_device_rng_state(),
+        }
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        random.setstate(_to_tuple(state["python"]))
+        n = state["numpy"]
+        np.random.set_state(
+            (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
+        torch.set_rng_state(state["torch"])
+        if state.get("device") is not None:
+            self.set_device_rng_state(state["device"])
+
+    def get_device_rng_state(self) -> Any:
+        """RNG state of the device generators (None when the device has none of its own)."""
+        return None
+
+    def set_device_rng_state(self, state: Any) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the device generators (the host ones are seeded by `set_seed`)."""
+
+    # ---- precision ----------------------------------------------------------------------
+    def supports_precision(self, precision: str) -> bool:
+        return precision in self.capabilities.precisions
+
+    def autocast(
+        self, precision: str, *, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A context running ops in `precision` ("bf16"/"fp16"); a null context for "no"."""
+        if precision not in ("bf16", "fp16") or not enabled:
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        kwargs: dict[str, Any] = {"device_type": self.device_type, "dtype": dtype}
+        if cache_enabled is not None:
+            kwargs["cache_enabled"] = cache_enabled
+        return torch.autocast(**kwargs)
+
+    def make_grad_scaler(self, precision: str, **kwargs: Any) -> torch.amp.GradScaler | None:
+        """Loss scaler for `precision` (fp16 needs one), or None."""
+        if precision != "fp16":
+            return None
+        return torch.amp.GradScaler(self.device_type, **kwargs)
+
+    def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Swap layers for fp8 ones. Adapters that claim "fp8" override this."""
+        raise NotImplementedError(f"adapter {self.name!r} does not support fp8")
+
+    # ---- prepare ----------------------------------------------------------------------
+    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+        """Runs once per `prepare` call before anything is placed (e.g. record parameter identities)."""
+
+    def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
+        """Runs once per `prepare` call after everything is prepared (e.g. re-point optimizers)."""
+
+    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Placement, then precision, then the strategy, then compilation.
+
+        The default is the torch-native path; an adapter overrides the whole method or one
+        of its steps (`place_model`, `apply_precision`, `apply_strategy`, `compile_model`).
+        """
+        if ctx.device_placement:
+            model = self.place_model(model, ctx)
+        model = self.apply_precision(model, ctx)
+        if not ctx.evaluation_mode:
+            model = self.apply_strategy(model, ctx)
+        return self.compile_model(model, ctx)
+
+    def place_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        return model.to(ctx.device)
+
+    def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        from .precision import wrap_forward_in_autocast
+
+        if ctx.mixed_precision == "fp8":
+            model = self.convert_to_fp8(model, ctx)
+        if ctx.mixed_precision in ("bf16", "fp16"):
+            precision, kwargs = ctx.mixed_precision, ctx.autocast_kwargs
+            wrap_forward_in_autocast(model, lambda: self.autocast(precision, **kwargs))
+        return model
+
+    def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        return ctx.strategy.wrap_model(model, ctx)
+
+    def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        plugin = ctx.dynamo_plugin
+        if plugin is None or plugin.backend in (None, "no"):
+            return model
+        from .compile import compile_model
+
+        return compile_model(model, plugin, default_backend=self.compile_backend())
+
+    def compile_backend(self) -> str:
+        """The torch.compile backend for this hardware when the user asks for the default one."""
+        return "inductor"
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
+        """Hook for optimizers (e.g. fused vendor versions). Default: unchanged."""
+        return optimizer
+
+    def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
+        """Extra options for prepared data loaders (e.g. pin_memory). Default: none."""
+        return {}
+
+    # ---- the step ---------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def after_backward(self) -> None:
+        """Runs after each backward (e.g. a lazy-mode step marker)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+        return optimizer.step(closure) if closure is not None else optimizer.step()
+
+    def after_optimizer_step(self) -> None:
+        """Runs after each real optimizer step (e.g. a lazy-mode step marker)."""
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # ---- launch -------------------------------------------------------------------------
+    @classmethod
+    def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
+        """Add this adapter's own `accel launch` flags to its argument group."""
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        """Environment variables for the workers, from this adapter's launch flags."""
+        return {}
+
+    def describe(self) -> str:
+        mode = " (emulated on cpu)" if self.emulate else ""
+        return f"{self.name}{mode}: device={self.device_type} backend={self.backend}"
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_to_tuple(v) for v in value)
+    return value

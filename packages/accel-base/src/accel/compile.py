@@ -1,0 +1,49 @@
+"""`torch.compile`, applied last and only once; whole-model or one block at a time."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+from .kwargs import TorchDynamoPlugin
+
+
+def is_compiled_module(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin, *, default_backend: str) -> torch.nn.Module:
+    """Compile `model` with `plugin`'s settings unless it is already compiled.
+
+    With `use_regional_compilation`, every child of every `ModuleList` is compiled in place
+    (each repeated block compiles once, and identical blocks reuse the code) and the model
+    object itself is returned.
+    """
+    if is_compiled_module(model):
+        return model
+    backend = default_backend if plugin.backend in ("default", None) else plugin.backend
+    kwargs: dict[str, Any] = {"backend": backend, "fullgraph": plugin.fullgraph, "dynamic": plugin.dynamic}
+    if plugin.mode is not None:
+        kwargs["mode"] = plugin.mode
+    if plugin.options is not None:
+        kwargs["options"] = plugin.options
+    if plugin.use_regional_compilation:
+        return compile_regions(model, **kwargs)
+    return cast(torch.nn.Module, torch.compile(model, **kwargs))
+
+
+def compile_regions(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+    """Compile each block held in a `ModuleList` in place; returns `model` (marked compiled)."""
+    found = False
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for i, block in enumerate(module):
+                if not is_compiled_module(block):
+                    module[i] = cast(torch.nn.Module, torch.compile(block, **kwargs))
+                    found = True
+    if not found:
+        # No repeated blocks: whole-model compilation is the only sensible region.
+        return cast(torch.nn.Module, torch.compile(model, **kwargs))
+    model._accel_regionally_compiled = True  # type: ignore[assignment]
+    return model

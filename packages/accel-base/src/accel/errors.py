@@ -1,0 +1,31 @@
+"""Exception types. Each says what went wrong and what to do next."""
+
+from __future__ import annotations
+
+
+class AccelError(Exception):
+    """Base class of accel's own errors."""
+
+
+class AdapterNotFoundError(AccelError, ValueError):
+    """No installed adapter (or strategy) has the requested name, or it failed to load."""
+
+
+class AdapterUnavailableError(AccelError, RuntimeError):
+    """The requested adapter is installed but its hardware is not present."""
+
+
+class DistributedSetupError(AccelError, RuntimeError):
+    """The process group could not be formed from what the launcher provided."""
+
+
+class CollectiveMismatchError(AccelError, ValueError):
+    """Ranks passed tensors of different shapes or dtypes to one collective (debug mode)."""
+
+
+class CheckpointError(AccelError, RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file holds objects that loading would have to execute code to rebuild."""

@@ -1,0 +1,35 @@
+"""What `Accelerator.prepare` hands to the adapter and the strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .kwargs import DistributedDataParallelKwargs, TorchDynamoPlugin
+from .strategies.base import Strategy
+
+
+@dataclass(kw_only=True)
+class PrepareContext:
+    """Everything an adapter needs to prepare one object, decided once by the Accelerator."""
+
+    device: torch.device
+    """This process's device."""
+    device_placement: bool
+    """Move the object to `device`."""
+    evaluation_mode: bool = False
+    """Prepare for inference: precision and compilation only, no strategy wrapper."""
+    mixed_precision: str = "no"
+    autocast_kwargs: dict[str, Any] = field(default_factory=dict)
+    strategy: Strategy
+    use_distributed: bool = False
+    num_processes: int = 1
+    process_index: int = 0
+    ddp_kwargs: DistributedDataParallelKwargs | None = None
+    ddp_device_ids: list[int] | None = None
+    ddp_output_device: int | None = None
+    dynamo_plugin: TorchDynamoPlugin | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Free-form room for adapters and strategies to pass data between their hooks."""

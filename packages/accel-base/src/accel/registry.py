@@ -1,0 +1,173 @@
+"""Find adapters and strategies through entry points, and pick one.
+
+Adapters live in the entry-point group `accel.adapters`, strategies in
+`accel.strategies`. A plugin that fails to load is recorded with its error and skipped:
+one broken package never stops the others. Selection order for adapters:
+`Accelerator(adapter=...)`, then `ACCEL_ADAPTER`, then the available adapter with the
+highest priority, then the built-in `cpu` adapter.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from .adapter import ADAPTER_API_VERSION, Adapter, Availability
+from .errors import AdapterNotFoundError, AdapterUnavailableError
+
+ADAPTER_GROUP = "accel.adapters"
+STRATEGY_GROUP = "accel.strategies"
+BUILTIN_ADAPTER = "cpu"
+
+
+@dataclass(kw_only=True, frozen=True)
+class PluginRecord:
+    """One entry point: what it is, where it came from, and what happened loading it."""
+
+    name: str
+    value: str
+    distribution: str
+    loaded: Any = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.loaded is not None
+
+
+def _load_group(group: str) -> dict[str, PluginRecord]:
+    records: dict[str, PluginRecord] = {}
+    for ep in importlib.metadata.entry_points(group=group):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        if ep.name in records and records[ep.name].ok:
+            # Two distributions claim the same name: keep the first, say so in `accel env`.
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin is reported, never fatal to the others
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            records[ep.name] = PluginRecord(name=ep.name, value=ep.value, distribution=dist, error=last)
+            continue
+        records[ep.name] = PluginRecord(name=ep.name, value=ep.value, distribution=dist, loaded=obj)
+    return records
+
+
+@functools.cache
+def adapter_records() -> dict[str, PluginRecord]:
+    """Every entry point in `accel.adapters`, loaded or with its load error."""
+    records = _load_group(ADAPTER_GROUP)
+    for name, rec in list(records.items()):
+        cls = rec.loaded
+        if rec.ok and not (isinstance(cls, type) and issubclass(cls, Adapter)):
+            records[name] = PluginRecord(
+                name=name,
+                value=rec.value,
+                distribution=rec.distribution,
+                error=f"{rec.value} is not a subclass of accel.adapter.Adapter",
+            )
+        elif rec.ok and cls.api_version != ADAPTER_API_VERSION:
+            records[name] = PluginRecord(
+                name=name,
+                value=rec.value,
+                distribution=rec.distribution,
+                error=(
+                    f"built for adapter API {cls.api_version}, this accel-base speaks {ADAPTER_API_VERSION}; "
+                    f"upgrade {rec.distribution} or accel-base so they match"
+                ),
+            )
+    if BUILTIN_ADAPTER not in records or not records[BUILTIN_ADAPTER].ok:
+        # Running from a source tree without installed metadata still has the cpu adapter.
+        from .adapters.cpu import CPUAdapter
+
+        records[BUILTIN_ADAPTER] = PluginRecord(
+            name=BUILTIN_ADAPTER, value="accel.adapters.cpu:CPUAdapter", distribution="accel-base", loaded=CPUAdapter
+        )
+    return records
+
+
+@functools.cache
+def strategy_records() -> dict[str, PluginRecord]:
+    """Every entry point in `accel.strategies`."""
+    records = _load_group(STRATEGY_GROUP)
+    if "ddp" not in records or not records["ddp"].ok:
+        from .strategies.ddp import DDPStrategy
+
+        records["ddp"] = PluginRecord(
+            name="ddp", value="accel.strategies.ddp:DDPStrategy", distribution="accel-base", loaded=DDPStrategy
+        )
+    return records
+
+
+def installed_adapters() -> dict[str, type[Adapter]]:
+    """The adapters that loaded, by name."""
+    return {name: rec.loaded for name, rec in adapter_records().items() if rec.ok}
+
+
+def broken_adapters() -> dict[str, str]:
+    """Adapters whose entry point failed to load, with the error."""
+    return {name: rec.error for name, rec in adapter_records().items() if not rec.ok}
+
+
+def availability(cls: type[Adapter]) -> Availability:
+    try:
+        return cls.availability()
+    except Exception as exc:  # a probe that raises means "not available", with the reason
+        return Availability(available=False, reason=f"availability check raised {type(exc).__name__}: {exc}")
+
+
+def get_adapter_class(name: str) -> type[Adapter]:
+    """The adapter class called `name`; `AdapterNotFoundError` lists the installed ones."""
+    records = adapter_records()
+    rec = records.get(name)
+    if rec is None:
+        names = ", ".join(sorted(installed_adapters())) or "none"
+        raise AdapterNotFoundError(
+            f"No accel adapter named {name!r} is installed. Installed adapters: {names}. "
+            f"Install its package (e.g. `pip install accel-{name}`) or pick one of those."
+        )
+    if not rec.ok:
+        raise AdapterNotFoundError(
+            f"The accel adapter {name!r} (from {rec.distribution}, {rec.value}) failed to load: {rec.error}"
+        )
+    return rec.loaded  # type: ignore[no-any-return]
+
+
+def select_adapter(requested: str | None = None, *, emulate: bool = False) -> type[Adapter]:
+    """Choose the adapter class: the one requested, else the best available, else `cpu`.
+
+    A requested adapter that is not available here raises `AdapterUnavailableError`
+    with the reason, unless `emulate` is set (emulation runs it on the CPU).
+    """
+    if requested:
+        cls = get_adapter_class(requested)
+        if not emulate:
+            avail = availability(cls)
+            if not avail:
+                raise AdapterUnavailableError(
+                    f"The accel adapter {requested!r} is installed but cannot run here: {avail.reason}. "
+                    "Run on its hardware, or set ACCEL_EMULATE=1 (`accel launch --emulate`) to run it on the CPU."
+                )
+        return cls
+    candidates = [cls for cls in installed_adapters().values() if cls.name != BUILTIN_ADAPTER and availability(cls)]
+    if candidates:
+        return max(candidates, key=lambda c: (c.priority, c.name))
+    return get_adapter_class(BUILTIN_ADAPTER)
+
+
+def get_strategy_class(name: str) -> type[Any]:
+    rec = strategy_records().get(name)
+    if rec is None:
+        names = ", ".join(sorted(n for n, r in strategy_records().items() if r.ok))
+        raise AdapterNotFoundError(f"No accel strategy named {name!r}. Installed strategies: {names}.")
+    if not rec.ok:
+        raise AdapterNotFoundError(f"The accel strategy {name!r} ({rec.distribution}) failed to load: {rec.error}")
+    return rec.loaded
+
+
+def clear_cache() -> None:
+    """Forget loaded entry points (tests that install plugins at run time call this)."""
+    adapter_records.cache_clear()
+    strategy_records.cache_clear()

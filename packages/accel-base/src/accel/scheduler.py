@@ -1,0 +1,63 @@
+"""The prepared learning-rate scheduler: steps with the optimizer, not with every batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .state import AcceleratorState, GradientState
+
+
+class AcceleratedScheduler:
+    """Wraps a scheduler so it follows the optimizer.
+
+    On accumulation steps it does not step (only its counter moves when the accumulation
+    plugin's `adjust_scheduler` is set); after an fp16 step skipped for overflow it does not
+    step; and without `split_batches` it steps once per process, so a schedule written for
+    one process covers the same number of samples on many.
+    """
+
+    def __init__(
+        self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.step_with_optimizer = step_with_optimizer
+        self.split_batches = split_batches
+        self.gradient_state = GradientState()
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
+        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
+            return
+        times = 1 if self.split_batches else AcceleratorState().num_processes
+        for _ in range(times):
+            total = getattr(self.scheduler, "total_steps", None)
+            # OneCycleLR raises past total_steps; a last partial batch can push it there.
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()  # type: ignore[no-any-return]
+
+    def get_lr(self) -> Any:
+        return self.scheduler.get_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "scheduler" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["scheduler"], name)

@@ -1,0 +1,448 @@
+"""Process-wide state, shared by every instance the way peer-library users expect.
+
+`PartialState` holds the process group, ranks and device; `AcceleratorState` adds the
+precision, the adapter and the strategy; `GradientState` tracks accumulation and the end
+of data loaders. Each instance of a class shares one `__dict__` (the Borg pattern), so
+`PartialState()` anywhere returns the same view. `_reset_state()` starts over (tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import wraps
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from .adapter import Adapter
+from .errors import DistributedSetupError
+from .kwargs import InitProcessGroupKwargs
+from .launch_env import LaunchInfo, read_launch_env
+from .registry import select_adapter
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class DistributedType(str, enum.Enum):
+    """How the job is spread over processes. Hardware-neutral: the adapter says which device.
+
+    NO: one process. MULTI_PROCESS: several processes with data parallelism (DDP or the
+    adapter's own). FSDP, DEEPSPEED, MEGATRON_LM: those strategies.
+    """
+
+    NO = "NO"
+    MULTI_PROCESS = "MULTI_PROCESS"
+    FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    MEGATRON_LM = "MEGATRON_LM"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _timeout_from_env() -> timedelta:
+    value = os.environ.get("ACCEL_TIMEOUT")
+    return timedelta(seconds=float(value)) if value else DEFAULT_TIMEOUT
+
+
+class PartialState:
+    """The process group, this process's ranks and its device.
+
+    Args:
+        cpu: force the built-in cpu adapter.
+        adapter: name of the adapter to use (else `ACCEL_ADAPTER`, else auto-selection).
+        emulate: run the adapter's code on the CPU with gloo (else `ACCEL_EMULATE`).
+        init_kwargs: an `InitProcessGroupKwargs` (backend, timeout).
+
+    Under a launcher that sets a world size above one the process group is always
+    started; if it cannot be, `DistributedSetupError` says why. It never falls back to
+    running each rank alone.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        cpu: bool = False,
+        *,
+        adapter: str | None = None,
+        emulate: bool | None = None,
+        init_kwargs: InitProcessGroupKwargs | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            return
+        init_kwargs = init_kwargs or kwargs.pop("init_process_group_kwargs", None) or InitProcessGroupKwargs()
+        emulate = _env_flag("ACCEL_EMULATE") if emulate is None else emulate
+        requested = "cpu" if cpu or _env_flag("ACCEL_USE_CPU") else (adapter or os.environ.get("ACCEL_ADAPTER") or None)
+        adapter_cls = select_adapter(requested, emulate=emulate)
+        launch = read_launch_env()
+        self.launch: LaunchInfo = launch
+        self.adapter: Adapter = adapter_cls(emulate=emulate)
+        self.emulate = emulate
+        self.num_processes = launch.world_size
+        self.process_index = launch.rank
+        self.local_process_index = launch.local_rank
+        self.device = self.adapter.device_for(launch.local_rank)
+        self.backend = init_kwargs.backend or self.adapter.backend
+        self.timeout = init_kwargs.timeout or _timeout_from_env()
+        self.debug = _env_flag("ACCEL_DEBUG_MODE")
+        self.adapter.set_device(self.device)
+        self.distributed_type = DistributedType.NO
+        self.owns_process_group = False
+        if launch.distributed or dist.is_initialized():
+            self._init_process_group(launch, init_kwargs)
+            self.distributed_type = DistributedType.MULTI_PROCESS
+        self._initialized = True
+
+    def _init_process_group(self, launch: LaunchInfo, init_kwargs: InitProcessGroupKwargs) -> None:
+        if dist.is_initialized():
+            # The user (or a framework) started the group: adopt it.
+            self.num_processes = dist.get_world_size()
+            self.process_index = dist.get_rank()
+            return
+        if not dist.is_available():
+            raise DistributedSetupError(
+                f"The launcher asked for {launch.world_size} processes but this torch build has no torch.distributed."
+            )
+        try:
+            if init_kwargs.init_method:
+                dist.init_process_group(
+                    self.backend,
+                    init_method=init_kwargs.init_method,
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=self.timeout,
+                )
+            else:
+                dist.init_process_group(
+                    self.backend,
+                    store=self._make_store(launch),
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=self.timeout,
+                )
+        except Exception as exc:
+            raise DistributedSetupError(
+                f"Could not start the {self.backend!r} process group for rank {launch.rank} of "
+                f"{launch.world_size} (store {launch.master_addr}:{launch.master_port}, launcher "
+                f"{launch.launcher}): {exc}. Check MASTER_ADDR/MASTER_PORT and that every rank was started."
+            ) from exc
+        self.owns_process_group = True
+
+    def _make_store(self, launch: LaunchInfo) -> dist.Store:
+        # Store keys are scoped to the elastic restart round: a group re-formed after
+        # torchrun restarts its workers must not read the dead round's gloo addresses
+        # (they cause "Gloo connectFullMesh failed ... Connection refused").
+        is_server = (not launch.use_agent_store) and launch.rank == 0
+        store = dist.TCPStore(
+            launch.master_addr,
+            launch.master_port,
+            launch.world_size,
+            is_master=is_server,
+            timeout=self.timeout,
+            wait_for_workers=False,
+        )
+        return dist.PrefixStore(f"accel/restart_{launch.restart_count}", store)
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type.value}  Backend: {self.backend}\n"
+            f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
+            f"Adapter: {self.adapter.describe()}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget everything (tests only). Does not destroy the process group."""
+        PartialState._shared_state.clear()
+
+    # ---- ranks -------------------------------------------------------------------------
+    @property
+    def use_distributed(self) -> bool:
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        return self.device
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all processes (a no-op with one process)."""
+        if self.use_distributed:
+            dist.barrier()
+
+    def destroy_process_group(self) -> None:
+        """Tear down the process group this state started."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_process_group = False
+
+    # ---- helpers on processes ----------------------------------------------------------
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of a list, tuple, dict of lists, or tensor.
+
+        The first `len % num_processes` processes get one item more. With `apply_padding`
+        the shorter shares are padded with their last item so every share has one length
+        (useful before `gather`).
+        """
+        if self.num_processes == 1:
+            yield inputs
+            return
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block first; the others run it after it finishes."""
+        yield from self._goes_first(self.is_main_process)
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """The local main process of each node runs the block first."""
+        yield from self._goes_first(self.is_local_main_process)
+
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run `function` on the main process only (others get None)."""
+        return self._run_if(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run `function` on each node's local main process only."""
+        return self._run_if(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run `function` on the last process only."""
+        return self._run_if(lambda: self.is_last_process, function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run `function` on the process with `process_index` only."""
+        if function is None:
+            return lambda f: self.on_process(f, process_index=process_index)
+        return self._run_if(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run `function` on the process with `local_process_index` only."""
+        if function is None:
+            return lambda f: self.on_local_process(f, local_process_index=local_process_index)
+        return self._run_if(lambda: self.local_process_index == local_process_index, function)
+
+    @staticmethod
+    def _run_if(condition: Callable[[], bool], function: F) -> F:
+        @wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition() else None
+
+        return wrapper  # type: ignore[return-value]
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+
+def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
+    if isinstance(inputs, dict):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError("split_between_processes needs every value of the dict to have the same length.")
+        return {k: _split(v, n, index, apply_padding) for k, v in inputs.items()}
+    length = len(inputs)
+    per, extra = divmod(length, n)
+    start = index * per + min(index, extra)
+    end = start + per + (1 if index < extra else 0)
+    share = inputs[start:end]
+    if apply_padding and extra and index >= extra and length >= n:
+        last = inputs[end - 1 : end]
+        share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + last
+    return share
+
+
+class AcceleratorState:
+    """`PartialState` plus the precision, the strategy and the compile settings.
+
+    Attributes of the partial state are reachable through this one (`num_processes`,
+    `device`, ...).
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        *,
+        adapter: str | None = None,
+        emulate: bool | None = None,
+        strategy: str | None = None,
+        init_kwargs: InitProcessGroupKwargs | None = None,
+        dynamo_plugin: Any = None,
+        _from_accelerator: bool = False,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            if mixed_precision is not None and _from_accelerator and mixed_precision != self.mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState was already set up with mixed_precision={self.mixed_precision!r}; "
+                    f"cannot change it to {mixed_precision!r}. Call `AcceleratorState._reset_state(True)` first "
+                    "(tests) or create one Accelerator per process."
+                )
+            return
+        self._partial = PartialState(cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs)
+        precision = (mixed_precision or os.environ.get("ACCEL_MIXED_PRECISION") or "no").lower()
+        if precision not in ("no", "bf16", "fp16", "fp8"):
+            raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {precision!r}.")
+        if not self._partial.adapter.supports_precision(precision):
+            supported = sorted(self._partial.adapter.capabilities.precisions)
+            raise ValueError(
+                f"The {self._partial.adapter.name!r} adapter does not support mixed_precision={precision!r}; "
+                f"it supports {supported}. Pick one of those or install an adapter that supports {precision!r}."
+            )
+        self.mixed_precision: str = precision
+        self.strategy_name = strategy or os.environ.get("ACCEL_STRATEGY") or "ddp"
+        self.dynamo_plugin = dynamo_plugin
+        if self.strategy_name == "fsdp2" and self._partial.use_distributed:
+            self._partial.distributed_type = DistributedType.FSDP
+        elif self.strategy_name == "deepspeed":
+            self._partial.distributed_type = DistributedType.DEEPSPEED
+        elif self.strategy_name == "megatron":
+            self._partial.distributed_type = DistributedType.MEGATRON_LM
+        self._initialized = True
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set here: forward to the partial state.
+        if name.startswith("__") or "_partial" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_partial"], name)
+
+    def __repr__(self) -> str:
+        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\nStrategy: {self.strategy_name}\n"
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the accelerator state (tests); also the partial state when asked."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+
+class GradientState:
+    """Gradient accumulation bookkeeping and the data loaders being iterated.
+
+    `sync_gradients` is True on steps where gradients are synchronised and the optimizer
+    really steps; `end_of_dataloader` is True while the last batch of the active loader is
+    in use; `remainder` is how many samples of the last gathered batch are real (-1 when
+    unknown or when nothing was padded).
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self.active_dataloader: Any = None
+            self.dataloader_references: list[Any] = [None]
+            self.plugin_kwargs: dict[str, Any] = {
+                "num_steps": 1,
+                "sync_with_dataloader": True,
+                "sync_each_batch": False,
+                "adjust_scheduler": True,
+            }
+            self._initialized = True
+        if gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = {
+                "num_steps": gradient_accumulation_plugin.num_steps,
+                "sync_with_dataloader": gradient_accumulation_plugin.sync_with_dataloader,
+                "sync_each_batch": gradient_accumulation_plugin.sync_each_batch,
+                "adjust_scheduler": gradient_accumulation_plugin.adjust_scheduler,
+            }
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.plugin_kwargs["num_steps"])
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return bool(self.plugin_kwargs["sync_with_dataloader"])
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return bool(self.plugin_kwargs["sync_each_batch"])
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return bool(self.plugin_kwargs["adjust_scheduler"])
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return bool(self.active_dataloader is not None and self.active_dataloader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        return int(self.active_dataloader.remainder) if self.active_dataloader is not None else -1
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        GradientState._shared_state.clear()

@@ -1,0 +1,78 @@
+"""The strategy contract: wrap a model for a way of spreading work, and undo it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from ..prepare import PrepareContext
+    from ..state import DistributedType
+
+
+class Strategy:
+    """Base class: a strategy that leaves the model as it is (one process)."""
+
+    name: ClassVar[str] = "none"
+    requires_model_and_optimizer: ClassVar[bool] = False
+    """True when the optimizer must be prepared in the same call as the model."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def distributed_type(self, use_distributed: bool) -> DistributedType:
+        from ..state import DistributedType
+
+        return DistributedType.MULTI_PROCESS if use_distributed else DistributedType.NO
+
+    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        return model
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside whatever this strategy wrapped it in."""
+        return model
+
+    def is_wrapped(self, model: torch.nn.Module) -> bool:
+        return False
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip gradient synchronisation inside the context (gradient accumulation)."""
+        return contextlib.nullcontext()
+
+    scales_loss_for_accumulation: ClassVar[bool] = True
+    """Whether `Accelerator.backward` divides the loss by the accumulation steps
+    (False for strategies whose engine does it itself)."""
+
+    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+        """Refuse combinations this strategy cannot prepare (raise ValueError saying why)."""
+
+    def after_prepare(self, prepared: list[Any], accelerator: Any) -> None:
+        """Runs after every object of one `prepare` call is prepared."""
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+        return optimizer
+
+    def backward(self, loss: torch.Tensor, accelerator: Any, **kwargs: Any) -> bool:
+        """Run backward through the strategy's engine; return False to let the adapter do it."""
+        return False
+
+    def clip_grad_norm_(
+        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
+    ) -> torch.Tensor | None:
+        """Clip gradients the strategy's way; None lets the adapter do it."""
+        return None
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The complete, unsharded state dict of the user's module (for `save_model`).
+
+        Called on every process; sharded strategies gather here.
+        """
+        return self.unwrap(model).state_dict()
+
+    def load_full_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
+    ) -> None:
+        """Load a full state dict (as `full_state_dict` returns) into the prepared model."""
+        self.unwrap(model).load_state_dict(state_dict, strict=strict)
