@@ -58,7 +58,9 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """A package's unit tests (multi-process ones launch 2 gloo ranks)."""
     install_base(session, "tensorboard")
-    session.install("pytest", "pytest-timeout", "-e", TEST_PLUGINS)
+    session.install("pytest", "pytest-timeout", "pyyaml", "-e", TEST_PLUGINS)
+    if package != "accel-base":
+        session.install("-e", f"packages/{package}")
     session.run("pytest", f"packages/{package}/tests", "-q", "--timeout=600", *session.posargs)
 
 
