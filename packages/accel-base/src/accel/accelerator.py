@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint as ckpt
 from . import ops
 from .adapter import Adapter
+from .compile import is_compiled_module
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .errors import CheckpointError
 from .kwargs import (
@@ -166,7 +167,7 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self._save_state_pre_hooks: dict[int, Callable[..., Any]] = {}
         self._load_state_pre_hooks: dict[int, Callable[..., Any]] = {}
-        self.trackers = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
+        self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
     @property
@@ -578,19 +579,22 @@ class Accelerator:
         """
         inner = model
         while True:
-            nxt = inner
-            if not keep_torch_compile and hasattr(inner, "_orig_mod"):
-                nxt = inner._orig_mod  # type: ignore[assignment]
-            nxt = self.strategy.unwrap(nxt)
+            nxt = self.strategy.unwrap(inner)
+            if nxt is inner and is_compiled_module(inner):
+                orig: torch.nn.Module = inner._orig_mod  # type: ignore[assignment]
+                # A compiled strategy wrapper is no user module: always look through it.
+                if not keep_torch_compile or self.strategy.unwrap(orig) is not orig:
+                    nxt = orig
             if nxt is inner:
                 break
             inner = nxt
-        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod  # type: ignore[assignment]
-            inner = self.strategy.unwrap(inner)
         if not keep_fp32_wrapper:
             remove_autocast_wrapper(inner)
         return inner
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Whether `model` (or a submodule) was loaded with a `device_map` spanning several devices."""
+        return _verify_device_map(model)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict of `model` (gathered if it is sharded). Call it on every process."""
@@ -730,22 +734,27 @@ class Accelerator:
         self.wait_for_everyone()
 
     # ---- trackers --------------------------------------------------------------------------
+    @property
+    def trackers(self) -> list[Any]:
+        """The active trackers (empty on processes that do not log)."""
+        return list(self._tracker_hub.active)
+
     def init_trackers(
         self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
     ) -> None:
         """Start the trackers named in `log_with` (main process only)."""
-        self.trackers.init(project_name, config, init_kwargs or {})
+        self._tracker_hub.init(project_name, config, init_kwargs or {})
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
         """Log scalars to every tracker (main process only)."""
-        self.trackers.log(values, step=step, log_kwargs=log_kwargs or {})
+        self._tracker_hub.log(values, step=step, log_kwargs=log_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        return self.trackers.get(name, unwrap=unwrap)
+        return self._tracker_hub.get(name, unwrap=unwrap)
 
     def end_training(self) -> None:
         """Close the trackers and wait for every process."""
-        self.trackers.finish()
+        self._tracker_hub.finish()
         self.wait_for_everyone()
 
     def __repr__(self) -> str:

@@ -76,6 +76,17 @@ def verify_operation(name: str, data: Any) -> None:
         )
 
 
+def _require_tensors(name: str, data: Any) -> None:
+    leaves: list[Any] = []
+    recursively_apply(leaves.append, data, test_type=lambda _: True)
+    bad = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
+    if bad:
+        raise TypeError(
+            f"Unsupported types ({', '.join(bad)}) passed to `{name}`. Only nested lists/tuples/dicts of tensors "
+            "can be gathered; use `gather_object` (or `gather_for_metrics(..., use_gather_object=True)`) for other objects."
+        )
+
+
 def _tensors(data: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     recursively_apply(lambda t: found.append(t), data)
@@ -102,6 +113,7 @@ def gather(tensor: Any) -> Any:
         _all_gather_single(out, t)
         return out
 
+    _require_tensors("gather", tensor)
     return recursively_apply(_gather_one, tensor)
 
 
