@@ -495,6 +495,30 @@ class Accelerator:
             yield
 
     @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on uneven inputs: ranks that run out of batches shadow the others' collectives.
+
+        `joinables` are prepared DDP models (and optimizers that support joining).
+        `even_batches` overrides the prepared loaders' setting inside the block (False lets
+        ranks see different numbers of batches). With one process this does nothing.
+        """
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        saved = [(dl.batch_sampler, dl.batch_sampler.even_batches) for dl in self._dataloaders]  # type: ignore[union-attr]
+        if even_batches is not None:
+            for sampler, _ in saved:
+                sampler.even_batches = even_batches  # type: ignore[union-attr]
+        try:
+            with Join(joinables, enable=True, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in saved:
+                sampler.even_batches = value  # type: ignore[union-attr]
+
+    @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
         """Run the block under the Accelerator's mixed precision."""
         with self.adapter.autocast(self.mixed_precision, **_autocast_kwargs(autocast_handler or self.autocast_handler)):
