@@ -719,14 +719,17 @@ class Accelerator:
                     f"Checkpoint directory {output_dir} ({cfg.iteration}) already exists. "
                     "Please manually override `self.save_iteration` with what iteration to start with."
                 )
-            if self.is_main_process and cfg.total_limit is not None:
-                ckpt.prune(cfg.project_dir, cfg.total_limit - 1)
         elif output_dir is None:
             raise ValueError(
                 "save_state needs `output_dir` (or ProjectConfiguration(automatic_checkpoint_naming=True))."
             )
         path = ckpt.save_state(self, output_dir, safe_serialization=safe_serialization)
         if cfg.automatic_checkpoint_naming:
+            # Pruned only after the new checkpoint is complete: a crash mid-save must
+            # leave the previous one loadable.
+            if self.is_main_process and cfg.total_limit is not None and cfg.project_dir is not None:
+                ckpt.prune(cfg.project_dir, cfg.total_limit)
+            self.wait_for_everyone()
             cfg.iteration += 1
         return str(path)
 

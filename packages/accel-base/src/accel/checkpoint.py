@@ -35,6 +35,7 @@ TMP_SUFFIX = ".accel-tmp"
 OLD_SUFFIX = ".accel-old"
 FORMAT_VERSION = 1
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_CODE_MARKERS = ("Unsupported global", "unsupported GLOBAL", "Can only create new object", "Can only build")
 
 
 # ---- single files ---------------------------------------------------------------------
@@ -63,15 +64,25 @@ def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
         text = str(exc)
-        if "Weights only load failed" in text or "UnpicklingError" in type(exc).__name__:
+        # The weights-only unpickler also fails on plain damage ("Unsupported operand");
+        # only a refused global or object construction means the file wanted to run code.
+        if any(marker in text for marker in _CODE_MARKERS):
             raise UnsafeCheckpointError(
                 f"Refusing to load {path}: it contains objects that can only be rebuilt by running code "
                 f"from the file (unrestricted pickle), which could execute anything. Nothing in it was run. "
-                f"Only load checkpoints you trust, and re-save them with accel. Details: {text.splitlines()[0]}"
+                f"Only load checkpoints you trust, and re-save them with accel. Details: {_reason(text)}"
             ) from exc
         raise CheckpointError(
-            f"Checkpoint file {path} could not be read ({type(exc).__name__}: {text.splitlines()[0] if text else ''}); it is truncated or corrupted."
+            f"Checkpoint file {path} could not be read ({type(exc).__name__}: {_reason(text)}); it is truncated or "
+            "corrupted, or was not written by torch.save. Load an earlier checkpoint."
         ) from exc
+
+
+def _reason(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # torch's weights-only error buries the cause under generic advice; keep the cause.
+    cause = [line for line in lines if any(k in line for k in (*_CODE_MARKERS, "Unsupported operand"))]
+    return (cause or lines or [""])[0].replace("WeightsUnpickler error: ", "")
 
 
 def save_safetensors(
