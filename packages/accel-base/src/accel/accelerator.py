@@ -334,14 +334,12 @@ class Accelerator:
         objects = list(args)
         self.adapter.before_prepare(objects, self._context(self.device_placement))
         # Models and data loaders first: optimizers must see the placed parameters, and
-        # schedulers the prepared optimizers.
+        # schedulers the prepared optimizers (whatever order the user passed them in).
         result: list[Any] = list(objects)
-        for i, obj in enumerate(objects):
-            if not _is_second_pass(obj):
-                result[i] = self._prepare_one(obj, device_placement[i])
-        for i, obj in enumerate(objects):
-            if _is_second_pass(obj):
-                result[i] = self._prepare_one(obj, device_placement[i])
+        for stage in range(3):
+            for i, obj in enumerate(objects):
+                if _prepare_stage(obj) == stage:
+                    result[i] = self._prepare_one(obj, device_placement[i])
         self.adapter.after_prepare(result, self._context(self.device_placement))
         self.strategy.after_prepare(result, self)
         for obj in result:
@@ -840,10 +838,14 @@ def _pick_strategy(
     return strategy, config
 
 
-def _is_second_pass(obj: Any) -> bool:
-    return isinstance(obj, (torch.optim.Optimizer, *_SCHEDULER_TYPES)) or (
+def _prepare_stage(obj: Any) -> int:
+    if isinstance(obj, torch.optim.Optimizer):
+        return 1
+    if isinstance(obj, _SCHEDULER_TYPES) or (
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-    )
+    ):
+        return 2
+    return 0
 
 
 def _strip_compile(model: torch.nn.Module) -> torch.nn.Module:
