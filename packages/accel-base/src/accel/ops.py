@@ -69,7 +69,8 @@ def verify_operation(name: str, data: Any) -> None:
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, shapes)
     if any(s != everyone[0] for s in everyone):
-        detail = "\n".join(f"  - rank {r}: {s}" for r, s in enumerate(everyone))
+        # A single tensor reads as its shape; a nest as the list of its tensors' shapes.
+        detail = "\n".join(f"  - rank {r}: {s[0] if len(s) == 1 else s}" for r, s in enumerate(everyone))
         raise CollectiveMismatchError(
             f"Cannot apply `{name}`: the tensors do not have the same shape on every process.\n{detail}\n"
             "Pad them first with `pad_across_processes`, or make every rank pass the same shapes."

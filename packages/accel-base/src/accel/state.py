@@ -50,7 +50,18 @@ def _env_flag(name: str) -> bool:
 
 def _timeout_from_env() -> timedelta:
     value = os.environ.get("ACCEL_TIMEOUT")
-    return timedelta(seconds=float(value)) if value else DEFAULT_TIMEOUT
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(
+            f"ACCEL_TIMEOUT={value!r} is not a positive number of seconds. Set it to how long a collective "
+            "may wait for the other processes (for example ACCEL_TIMEOUT=600), or unset it for 30 minutes."
+        )
+    return timedelta(seconds=seconds)
 
 
 class PartialState:
