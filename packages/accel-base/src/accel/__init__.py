@@ -30,6 +30,8 @@ from .kwargs import (
     TorchDynamoPlugin,
 )
 from .state import AcceleratorState, DistributedType, GradientState, PartialState
+from .strategies.fsdp import FSDPConfig
+from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
 from .utils import set_seed
 
 __version__ = "0.1.0"
@@ -53,6 +55,8 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedSetupError",
     "DistributedType",
+    "FSDPConfig",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",

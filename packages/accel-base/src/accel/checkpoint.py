@@ -235,14 +235,18 @@ def save_state(
     for hook in accelerator._save_state_pre_hooks.values():
         hook(accelerator._models, [], str(tmp))
 
-    files: list[str] = []
-    for i, model in enumerate(accelerator._models):
+    # A sharding strategy writes models and optimizers its own way (None: the default files).
+    custom = accelerator.strategy.save_checkpoint_state(
+        accelerator, tmp, writer=writer, safe_serialization=safe_serialization
+    )
+    files: list[str] = list(custom or [])
+    for i, model in enumerate(accelerator._models if custom is None else []):
         sd = accelerator.get_state_dict(model)
         name = _name("model", i, "safetensors" if safe_serialization else "bin")
         if writer:
             _write_weights(sd, tmp / name, safe_serialization)
         files.append(name)
-    for i, opt in enumerate(accelerator._optimizers):
+    for i, opt in enumerate(accelerator._optimizers if custom is None else []):
         name = _name("optimizer", i, "bin")
         if writer:
             save_torch(opt.state_dict(), tmp / name)
@@ -310,11 +314,12 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str], *, s
     for hook in accelerator._load_state_pre_hooks.values():
         hook(accelerator._models, str(directory))
 
-    for i, model in enumerate(accelerator._models):
+    custom = accelerator.strategy.load_checkpoint_state(accelerator, directory, strict=strict)
+    for i, model in enumerate([] if custom else accelerator._models):
         path = directory / _name("model", i, "safetensors")
         sd = load_safetensors(path) if path.is_file() else load_torch(directory / _name("model", i, "bin"))
         accelerator._load_model_state_dict(model, sd, strict=strict)
-    for i, opt in enumerate(accelerator._optimizers):
+    for i, opt in enumerate([] if custom else accelerator._optimizers):
         opt.load_state_dict(load_torch(directory / _name("optimizer", i, "bin"), map_location=accelerator.device))
     for i, sched in enumerate(accelerator._schedulers):
         sched.load_state_dict(load_torch(directory / _name("scheduler", i, "bin")))

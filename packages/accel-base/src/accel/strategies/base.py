@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -76,3 +77,18 @@ class Strategy:
     ) -> None:
         """Load a full state dict (as `full_state_dict` returns) into the prepared model."""
         self.unwrap(model).load_state_dict(state_dict, strict=strict)
+
+    def save_checkpoint_state(
+        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+    ) -> list[str] | None:
+        """Write the prepared models and optimizers into `directory` the strategy's way.
+
+        Called by `save_state` on every process (gathers and sharded writes are collective);
+        `writer` says whether this process writes the shared files. Returns the names
+        written, or None to let `accel.checkpoint` write its default files.
+        """
+        return None
+
+    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+        """Restore what `save_checkpoint_state` wrote; False lets `accel.checkpoint` load its defaults."""
+        return False

@@ -1,0 +1,376 @@
+"""FSDP2: torch-native fully sharded data parallelism (`torch.distributed.fsdp.fully_shard`).
+
+Each process keeps a shard of every parameter, gradient and optimizer state; a wrapped
+unit gathers its parameters for its forward and backward and frees them afterwards.
+Checkpointing lives in `fsdp_checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from .base import Strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..prepare import PrepareContext
+    from ..state import DistributedType
+
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Prefix that activation checkpointing inserts into parameter names.
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+
+MODEL_WITHOUT_OPTIMIZER = (
+    "When using FSDP2, a model and optimizer must be passed together to `Accelerator.prepare()` as the "
+    "optimizer needs to have its parameters modified after the model is converted."
+)
+
+
+@dataclass(kw_only=True)
+class FSDPConfig:
+    """How FSDP2 shards a model. Pass it as `Accelerator(fsdp_plugin=FSDPConfig(...))`.
+
+    Also exported as `accel.FullyShardedDataParallelPlugin`, the peer library's name.
+    """
+
+    fsdp_version: int = 2
+    """Only 2 (`fully_shard`) is supported; FSDP1 is deprecated upstream."""
+    auto_wrap_policy: str | Callable[[nn.Module], bool] | None = None
+    """Which submodules become their own FSDP unit (gathered and freed on their own).
+    None: each child of an `nn.ModuleList` (transformer blocks), or size-based when
+    `min_num_params` is set; "transformer_based_wrap": modules named in
+    `transformer_cls_names_to_wrap`; "size_based_wrap": subtrees holding at least
+    `min_num_params` parameters; "no_wrap": one unit for the whole model (peak memory
+    of the full model); or a callable `module -> bool`. The root is always a unit."""
+    transformer_cls_names_to_wrap: Sequence[str | type[nn.Module]] | None = None
+    """Module classes (or class names) wrapped by "transformer_based_wrap"; default: the
+    model's `_no_split_modules`."""
+    min_num_params: int = 0
+    """Parameter count at which "size_based_wrap" makes a subtree its own unit. Smaller
+    units mean lower peak memory and more, smaller collectives."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after forward; costs a second all-gather in backward.
+    False keeps them until backward (more memory, less communication)."""
+    mixed_precision_policy: Any = None
+    """A `torch.distributed.fsdp.MixedPrecisionPolicy`, or a dict of its fields (dtypes may
+    be names like "bfloat16"). None: from the Accelerator's `mixed_precision` (bf16 ->
+    bf16 parameters with fp32 gradient reduction)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory and step the
+    optimizer there: frees device memory at the cost of host-device copies every step."""
+    pin_memory: bool | None = None
+    """Pin the offloaded memory for faster copies. None: pin unless the device is the CPU
+    (pinning needs an accelerator)."""
+    state_dict_type: str = "FULL_STATE_DICT"
+    """How `save_state` writes models and optimizers. "FULL_STATE_DICT": gathered on the main
+    process into safetensors (portable, loads into any world size; the full model must fit
+    in host memory). "SHARDED_STATE_DICT": each process writes its shard through
+    torch.distributed.checkpoint (fast and memory-flat)."""
+    activation_checkpointing: bool = False
+    """Recompute the activations of each wrapped unit in backward instead of storing them:
+    less memory for roughly one extra forward."""
+    extra_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Passed through to every `fully_shard` call (e.g. `shard_placement_fn`)."""
+
+    def __post_init__(self) -> None:
+        if self.fsdp_version != 2:
+            raise ValueError(
+                f"fsdp_version={self.fsdp_version} is not supported: accel implements FSDP2 only. "
+                "Use fsdp_version=2 (FSDP1 is deprecated in PyTorch)."
+            )
+        self.set_state_dict_type(self.state_dict_type)
+        policy = self.auto_wrap_policy
+        if isinstance(policy, str) and policy.lower() not in WRAP_POLICIES:
+            raise ValueError(f"auto_wrap_policy must be one of {WRAP_POLICIES}, a callable or None; got {policy!r}.")
+        if self.min_num_params < 0:
+            raise ValueError(f"min_num_params must be >= 0, got {self.min_num_params}.")
+
+    def set_state_dict_type(self, state_dict_type: str | None = None) -> None:
+        """Change how `save_state` writes the model ("FULL_STATE_DICT" or "SHARDED_STATE_DICT")."""
+        value = (state_dict_type or "FULL_STATE_DICT").upper()
+        if value not in STATE_DICT_TYPES:
+            raise ValueError(f"state_dict_type must be one of {STATE_DICT_TYPES}, got {state_dict_type!r}.")
+        self.state_dict_type = value
+
+    def mp_policy(self, mixed_precision: str) -> Any:
+        """The `MixedPrecisionPolicy` for this config under the Accelerator's `mixed_precision`."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = self.mixed_precision_policy
+        if isinstance(policy, MixedPrecisionPolicy):
+            return policy
+        if isinstance(policy, dict):
+            return MixedPrecisionPolicy(**{k: _dtype(v) for k, v in policy.items()})
+        if policy is not None:
+            raise TypeError(
+                f"mixed_precision_policy must be a MixedPrecisionPolicy, a dict or None; got {type(policy).__name__}."
+            )
+        dtype = _PRECISION_DTYPES.get(mixed_precision)
+        if dtype is None:
+            return MixedPrecisionPolicy()
+        # Reducing gradients in fp32 keeps the sum over ranks as exact as a one-process backward.
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+    def offload_policy(self, device: torch.device) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if not self.cpu_offload:
+            return OffloadPolicy()
+        pin = device.type != "cpu" if self.pin_memory is None else self.pin_memory
+        return CPUOffloadPolicy(pin_memory=pin)
+
+
+def _dtype(value: Any) -> Any:
+    if isinstance(value, str):
+        dtype = getattr(torch, value, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"Unknown dtype {value!r} in mixed_precision_policy; use a name like 'bfloat16'.")
+        return dtype
+    return value
+
+
+def wrap_targets(model: nn.Module, config: FSDPConfig) -> list[nn.Module]:
+    """The submodules to shard as their own units, every descendant before its ancestors.
+
+    Raises:
+        ValueError: "transformer_based_wrap" without class names, or with names that match
+            no module in the model.
+    """
+    policy = config.auto_wrap_policy
+    if policy is None and config.min_num_params > 0:
+        policy = "size_based_wrap"
+    # Reversed pre-order visits every module after all of its descendants, so inner units
+    # are sharded first and outer ones take only the parameters left over.
+    modules = [m for m in reversed(list(model.modules())) if m is not model]
+    if callable(policy):
+        return [m for m in modules if policy(m)]
+    if policy is None:
+        return [child for m in modules if isinstance(m, nn.ModuleList) for child in m]
+    policy = policy.lower()
+    if policy == "no_wrap":
+        return []
+    if policy == "size_based_wrap":
+        return _size_based(model, modules, config.min_num_params)
+    names = config.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None)
+    if not names:
+        raise ValueError(
+            "auto_wrap_policy='transformer_based_wrap' needs `transformer_cls_names_to_wrap` (the block classes "
+            "or their names), or a model with `_no_split_modules`."
+        )
+    wanted = {n if isinstance(n, str) else n.__name__ for n in names}
+    targets = [m for m in modules if type(m).__name__ in wanted]
+    missing = wanted - {type(m).__name__ for m in targets}
+    if missing:
+        raise ValueError(f"Could not find the transformer layer class {sorted(missing)} in the model.")
+    return targets
+
+
+def _size_based(model: nn.Module, modules: list[nn.Module], min_num_params: int) -> list[nn.Module]:
+    remaining: dict[int, int] = {}
+    targets: list[nn.Module] = []
+    for m in modules:
+        own = sum(p.numel() for p in m.parameters(recurse=False))
+        count = own + sum(remaining.get(id(c), 0) for c in m.children())
+        # Containers have no forward of their own to gather around: their leftovers go up.
+        if count >= min_num_params and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            targets.append(m)
+            count = 0
+        remaining[id(m)] = count
+    return targets
+
+
+def _canonical(name: str) -> str:
+    return name.replace(_CHECKPOINT_PREFIX, "")
+
+
+class FSDP2Strategy(Strategy):
+    """Shard models with `fully_shard` over a one-dimensional device mesh of all processes.
+
+    The device type of the mesh comes from the adapter (`ctx.device`), so the same code
+    runs on any accelerator whose collective backend torch supports. With one process the
+    model is left as it is.
+    """
+
+    name: ClassVar[str] = "fsdp2"
+    requires_model_and_optimizer: ClassVar[bool] = True
+
+    def __init__(self, config: FSDPConfig | None = None) -> None:
+        if config is not None and not isinstance(config, FSDPConfig):
+            raise TypeError(
+                f"The fsdp2 strategy takes an accel.FSDPConfig (FullyShardedDataParallelPlugin), "
+                f"got {type(config).__name__}."
+            )
+        super().__init__(config or FSDPConfig())
+        self.config: FSDPConfig
+        self._mesh: DeviceMesh | None = None
+        # id(old parameter) -> (old, new), so optimizers built on the unsharded model can be
+        # re-pointed; the old parameter is held so its id cannot be reused meanwhile.
+        self._replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+
+    def distributed_type(self, use_distributed: bool) -> DistributedType:
+        from ..state import DistributedType
+
+        return DistributedType.FSDP if use_distributed else DistributedType.NO
+
+    # ---- prepare --------------------------------------------------------------------------
+    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+        models = sum(isinstance(o, nn.Module) for o in objects)
+        optimizers = sum(isinstance(o, torch.optim.Optimizer) for o in objects)
+        if bool(models) != bool(optimizers):
+            raise ValueError(MODEL_WITHOUT_OPTIMIZER)
+
+    def mesh(self, device: torch.device, world_size: int) -> DeviceMesh:
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(device.type, (world_size,))
+        return self._mesh
+
+    def wrap_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if not ctx.use_distributed or isinstance(model, FSDPModule):
+            return model
+        config = self.config
+        before = {_canonical(n): p for n, p in model.named_parameters(remove_duplicate=False)}
+        targets = wrap_targets(model, config)
+        if config.activation_checkpointing:
+            targets = _apply_activation_checkpointing(model, targets)
+        kwargs = {
+            "mesh": self.mesh(ctx.device, ctx.num_processes),
+            "reshard_after_forward": config.reshard_after_forward,
+            "mp_policy": config.mp_policy(ctx.mixed_precision),
+            "offload_policy": config.offload_policy(ctx.device),
+            **config.extra_kwargs,
+        }
+        for module in targets:
+            fully_shard(module, **kwargs)
+        # The root keeps whatever no unit claimed; it is never resharded after forward since
+        # backward needs it at once.
+        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+        for name, new in model.named_parameters(remove_duplicate=False):
+            old = before.get(_canonical(name))
+            if old is not None and old is not new:
+                self._replaced[id(old)] = (old, new)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+        if not self._replaced:
+            return optimizer
+        touched = [p for g in optimizer.param_groups for p in g["params"] if id(p) in self._replaced]
+        if touched and optimizer.state:
+            raise ValueError(
+                "The optimizer already has state (it has stepped) for parameters that FSDP2 just sharded; that "
+                "state cannot be moved onto the shards. Create the optimizer fresh before `prepare`, and restore "
+                "its state afterwards with `load_state`."
+            )
+        for group in optimizer.param_groups:
+            group["params"] = [self._replaced.get(id(p), (p, p))[1] for p in group["params"]]
+        return optimizer
+
+    def after_prepare(self, prepared: list[Any], accelerator: Any) -> None:
+        self._replaced.clear()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        # fully_shard shards in place: the user's module is the prepared one.
+        return model
+
+    def is_wrapped(self, model: nn.Module) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(model, FSDPModule)
+
+    # ---- the step ---------------------------------------------------------------------------
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _no_sync(model) if self.is_wrapped(model) else contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
+    ) -> torch.Tensor | None:
+        from torch.distributed.tensor import DTensor
+
+        if not any(isinstance(p, DTensor) for p in parameters):
+            return None
+        # clip_grad_norm_ reduces over the shards of each DTensor gradient: its norm is global.
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # ---- state dicts ------------------------------------------------------------------------
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The gathered state dict, on the main process only (other ranks get `{}`): the full
+        model is built in host memory once, not once per process."""
+        if not self.is_wrapped(model):
+            return super().full_state_dict(model)
+        from .fsdp_checkpoint import gather_model_state_dict
+
+        return gather_model_state_dict(model)
+
+    def load_full_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+        if not self.is_wrapped(model):
+            super().load_full_state_dict(model, state_dict, strict=strict)
+            return
+        from .fsdp_checkpoint import load_full_model_state_dict
+
+        load_full_model_state_dict(model, state_dict, strict=strict)
+
+    def save_checkpoint_state(
+        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+    ) -> list[str] | None:
+        from .fsdp_checkpoint import save_models_and_optimizers
+
+        return save_models_and_optimizers(
+            accelerator,
+            directory,
+            sharded=self.config.state_dict_type == "SHARDED_STATE_DICT",
+            safe_serialization=safe_serialization,
+        )
+
+    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+        from .fsdp_checkpoint import load_models_and_optimizers
+
+        load_models_and_optimizers(accelerator, directory, strict=strict)
+        return True
+
+
+@contextlib.contextmanager
+def _no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def _apply_activation_checkpointing(model: nn.Module, targets: list[nn.Module]) -> list[nn.Module]:
+    """Wrap each target in a checkpoint wrapper; returns the wrappers, which become the units
+    so that FSDP gathers parameters around the recomputation as well."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    if not targets:
+        raise ValueError(
+            "activation_checkpointing=True needs at least one wrapped unit to recompute; the wrap policy "
+            "selected none. Set `auto_wrap_policy` or `transformer_cls_names_to_wrap`."
+        )
+    wanted = {id(m) for m in targets}
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: id(m) in wanted,
+    )
+    wrappers = {id(m._checkpoint_wrapped_module): m for m in model.modules() if isinstance(m, CheckpointWrapper)}
+    return [wrappers[id(m)] for m in targets]

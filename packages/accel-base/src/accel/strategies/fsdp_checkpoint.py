@@ -1,0 +1,258 @@
+"""Saving and loading FSDP2 models and optimizers, full or sharded.
+
+Full: gathered onto the main process (`torch.distributed.checkpoint.state_dict` with
+`full_state_dict=True, cpu_offload=True`) and written as `model.safetensors` and
+`optimizer.bin`, the same files as an unsharded run. Sharded: every process writes its
+shards with `torch.distributed.checkpoint` into `pytorch_model_fsdp_<i>/` and
+`optimizer_<i>/`. Loading looks at what is on disk, so either kind loads under either
+setting.
+
+torch.distributed.checkpoint reads its `.metadata` with plain `pickle.load` and its
+non-tensor items with `torch.load(weights_only=False)`; both are replaced here by
+restricted readers, so a crafted checkpoint cannot run code (the rule of
+`accel.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import checkpoint as ckpt
+from ..errors import CheckpointError, UnsafeCheckpointError
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def gather_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict on the main process (others get `{}`), in host memory."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state: dict[str, Any] = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+    return state
+
+
+def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Load a full state dict (present on every process) into the shards of `model`."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, dict(state_dict), options=_options(full_state_dict=True, strict=strict))
+
+
+def _file(kind: str, i: int, ext: str) -> str:
+    return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # type: ignore[no-any-return]
+
+
+def _owner(optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> nn.Module | None:
+    """The sharded model whose parameters `optimizer` updates (None: no sharded model)."""
+    ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    owners = [m for m in models if _is_fsdp(m) and ids & {id(p) for p in m.parameters()}]
+    if len(owners) > 1:
+        raise ValueError(
+            "An optimizer updates parameters of several FSDP2 models; its state cannot be saved per model. "
+            "Use one optimizer per model."
+        )
+    return owners[0] if owners else None
+
+
+def save_models_and_optimizers(
+    accelerator: Any, directory: Path, *, sharded: bool, safe_serialization: bool
+) -> list[str]:
+    """Write every prepared model and optimizer into `directory`; returns the names written.
+
+    Runs on every process (the gathers and sharded writes are collective).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    writer = accelerator.is_main_process
+    files: list[str] = []
+    for i, model in enumerate(accelerator._models):
+        if sharded and _is_fsdp(model):
+            name = f"pytorch_model_fsdp_{i}"
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / name))
+        else:
+            name = _file("model", i, "safetensors" if safe_serialization else "bin")
+            state_dict = accelerator.get_state_dict(model)
+            if writer and safe_serialization:
+                ckpt.save_safetensors(state_dict, directory / name)
+            elif writer:
+                ckpt.save_torch({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, directory / name)
+        files.append(name)
+    for i, opt in enumerate(accelerator._optimizers):
+        inner = _inner(opt)
+        owner = _owner(inner, accelerator._models)
+        if owner is not None and sharded:
+            name = f"optimizer_{i}"
+            dcp.save({"optimizer": get_optimizer_state_dict(owner, inner)}, checkpoint_id=str(directory / name))
+        else:
+            name = _file("optimizer", i, "bin")
+            state = (
+                inner.state_dict()
+                if owner is None
+                else get_optimizer_state_dict(owner, inner, options=_options(full_state_dict=True, cpu_offload=True))
+            )
+            if writer:
+                ckpt.save_torch(state, directory / name)
+        files.append(name)
+    return files
+
+
+def load_models_and_optimizers(accelerator: Any, directory: Path, *, strict: bool) -> None:
+    """Restore what `save_models_and_optimizers` wrote (full or sharded, whichever is on disk).
+
+    Raises:
+        CheckpointError: a missing, truncated or corrupted file or shard folder (named).
+        UnsafeCheckpointError: a file that would need arbitrary code to load.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    for i, model in enumerate(accelerator._models):
+        folder = directory / f"pytorch_model_fsdp_{i}"
+        if folder.is_dir() and _is_fsdp(model):
+            model_target: dict[str, Any] = {"model": get_model_state_dict(model)}
+            _dcp_load(model_target, folder)
+            set_model_state_dict(model, model_target["model"], options=_options(strict=strict))
+            continue
+        path = directory / _file("model", i, "safetensors")
+        state_dict = (
+            ckpt.load_safetensors(path) if path.is_file() else ckpt.load_torch(directory / _file("model", i, "bin"))
+        )
+        accelerator._load_model_state_dict(model, state_dict, strict=strict)
+    for i, opt in enumerate(accelerator._optimizers):
+        inner = _inner(opt)
+        owner = _owner(inner, accelerator._models)
+        folder = directory / f"optimizer_{i}"
+        if owner is not None and folder.is_dir():
+            optim_target: dict[str, Any] = {"optimizer": get_optimizer_state_dict(owner, inner)}
+            _dcp_load(optim_target, folder)
+            set_optimizer_state_dict(owner, inner, optim_target["optimizer"])
+            continue
+        state = ckpt.load_torch(directory / _file("optimizer", i, "bin"), map_location="cpu")
+        if owner is None:
+            opt.load_state_dict(state)
+        else:
+            set_optimizer_state_dict(owner, inner, state, options=_options(full_state_dict=True))
+
+
+# ---- torch.distributed.checkpoint without unrestricted pickle -------------------------------
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Rebuilds only the plain records torch.distributed.checkpoint writes in `.metadata`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
+            return getattr(torch, name)
+        if module in _METADATA_MODULES:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
+        raise UnsafeCheckpointError(
+            f"Refusing to load the sharded checkpoint metadata: it references {module}.{name}, which a "
+            "torch.distributed.checkpoint metadata file never contains and which could run code. Nothing was run."
+        )
+
+
+def _safe_reader(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            rank = kwargs.get("rank")
+            meta_path = path / (".metadata" if rank is None else f"__{rank}.metadata")
+            if not meta_path.is_file():
+                raise CheckpointError(f"Sharded checkpoint {path} has no metadata file ({meta_path.name}).")
+            with open(meta_path, "rb") as f:
+                try:
+                    metadata = _MetadataUnpickler(f).load()
+                except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+                    raise CheckpointError(f"{meta_path} is truncated or corrupted ({exc}).") from exc
+            if not isinstance(metadata, Metadata):
+                raise CheckpointError(f"{meta_path} is not torch.distributed.checkpoint metadata.")
+            storage_meta = metadata.storage_meta or StorageMeta()
+            storage_meta.load_id = self.load_id
+            metadata.storage_meta = storage_meta
+            return metadata
+
+    return SafeFileSystemReader(str(path))
+
+
+def _safe_planner() -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as exc:
+                raise UnsafeCheckpointError(
+                    f"Refusing to load item {read_item.dest_index.fqn!r} of a sharded checkpoint: it needs "
+                    f"arbitrary code to unpickle. Nothing in it was run. ({str(exc).splitlines()[0]})"
+                ) from exc
+            # The parent unpickles without restriction; hand it a stream re-serialised from
+            # the already verified object, so what it reads is only what was just allowed.
+            clean = io.BytesIO()
+            torch.save(obj, clean)
+            clean.seek(0)
+            super().load_bytes(read_item, clean)
+
+    return SafeLoadPlanner()
+
+
+def _dcp_load(target: dict[str, Any], folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(target, storage_reader=_safe_reader(folder), planner=_safe_planner())
+    except CheckpointException as exc:
+        errors = [failure[0] for failure in exc.failures.values()]
+        unsafe = [e for e in errors if isinstance(e, UnsafeCheckpointError)]
+        if unsafe:
+            raise unsafe[0] from exc
+        first = errors[0] if errors else exc
+        raise CheckpointError(
+            f"Sharded checkpoint {folder} could not be read ({type(first).__name__}: {first}); "
+            "it is incomplete or corrupted, or was saved from a different model."
+        ) from exc
