@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,19 +19,22 @@ def adapter_args() -> list[str]:
     return ["--adapter", adapter] if adapter == "cpu" else ["--adapter", adapter, "--emulate"]
 
 
-def accel_launch(
+def _launch(
     script: str | Path, *args: str, nproc: int = 2, launch_args: tuple[str, ...] = (), timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """Run `script` under `accel launch` for the adapter under test; never fails by itself."""
     cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(nproc), *adapter_args()]
     cmd += [*launch_args, str(script), *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def output(proc: subprocess.CompletedProcess[str]) -> str:
-    """Both streams of a finished launch, for assertion messages."""
-    return f"exit code {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+# Fixtures rather than importable helpers: `from conftest import ...` would pick up
+# packages/*/tests/conftest.py instead when both folders run in one pytest session.
+@pytest.fixture
+def accel_launch() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`accel_launch(script, *args, nproc=2, launch_args=(), timeout=300)`: run `script` under
+    `accel launch` for the adapter under test and return the finished process (never fails by itself)."""
+    return _launch
 
 
 @pytest.fixture

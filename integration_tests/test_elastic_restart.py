@@ -10,11 +10,11 @@ instead of colliding with `checkpoint_0`.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import torch
 from accel.checkpoint import list_checkpoints
-from conftest import accel_launch, output
 from safetensors.torch import load_file
 
 KILL_AT_STEP = 7  # after the checkpoint of step 5, in the second epoch (6 batches per rank and epoch)
@@ -28,23 +28,27 @@ def _differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict
     return {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
 
 
-def test_killed_rank_restarts_and_matches_uninterrupted_run(scenario: Path, tmp_path: Path) -> None:
+def _output(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit code {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+
+
+def test_killed_rank_restarts_and_matches_uninterrupted_run(accel_launch, scenario: Path, tmp_path: Path) -> None:
     script = scenario / "elastic_train.py"
     reference, elastic = tmp_path / "reference", tmp_path / "elastic"
     reference.mkdir()
     elastic.mkdir()
 
     proc = accel_launch(script, str(reference))
-    assert proc.returncode == 0, output(proc)
+    assert proc.returncode == 0, _output(proc)
     assert _rounds(reference) == [{"restart": 0, "resumed_from": None, "step": 0}]
 
     proc = accel_launch(
         script, str(elastic), "--kill-at-step", str(KILL_AT_STEP), launch_args=("--max-restarts", "1"), timeout=400
     )
-    assert proc.returncode == 0, output(proc)
+    assert proc.returncode == 0, _output(proc)
     # Rank 1 really died by SIGKILL, and the group re-formed for a second round that
     # resumed from the step-5 checkpoint.
-    assert "exitcode: -9) local_rank: 1" in proc.stderr, output(proc)
+    assert "exitcode: -9) local_rank: 1" in proc.stderr, _output(proc)
     assert _rounds(elastic) == [
         {"restart": 0, "resumed_from": None, "step": 0},
         {"restart": 1, "resumed_from": 0, "step": 5},

@@ -10,6 +10,7 @@ the collective timeout, so a hang fails the test instead of stalling it.
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def test_dead_rank_ends_collective_with_error(write_script, tmp_path: Path) -> N
     report = reports[0]
     assert report["timeout"] == 5.0  # InitProcessGroupKwargs wins over ACCEL_TIMEOUT
     assert report["type"] == "RuntimeError"
-    assert "Connection closed by peer" in report["message"] or "Timed out" in report["message"]
+    # Which of these gloo reports depends on where the peer's socket was when it closed.
+    assert re.search(r"Connection (closed|reset) by peer|Timed out", report["message"]), report["message"]
     assert report["seconds"] < 5 + 3
 
 
