@@ -312,6 +312,7 @@ class Accelerator:
             ddp_kwargs=self.ddp_handler,
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,
+            kwargs_handlers=self.kwargs_handlers,
         )
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:

@@ -33,3 +33,9 @@ class PrepareContext:
     dynamo_plugin: TorchDynamoPlugin | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """Free-form room for adapters and strategies to pass data between their hooks."""
+    kwargs_handlers: dict[type, Any] = field(default_factory=dict)
+    """The Accelerator's kwargs handlers by class, so an adapter can read its own (e.g. an fp8 recipe)."""
+
+    def handler(self, kind: type) -> Any:
+        """The kwargs handler that is an instance of `kind`, or None."""
+        return next((h for h in self.kwargs_handlers.values() if isinstance(h, kind)), None)
