@@ -1,0 +1,221 @@
+"""`GaudiAdapter`: Intel Gaudi (HPU) under accel, the way Gaudi's own stack prepares models.
+
+Every Habana call goes through `self.vendor` (`accel_gaudi.hpu`, or `accel_gaudi.hpu_emulated`
+under emulation); the decisions here are the same either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.util
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from accel.adapter import Adapter, Availability, Capabilities
+from accel.precision import wrap_forward_in_autocast
+from accel.state import GradientState
+
+from . import options as opts
+from .fast_ddp import FastDDP
+from .fp8 import GaudiFP8RecipeKwargs, convert_linears
+
+if TYPE_CHECKING:
+    from accel.prepare import PrepareContext
+
+
+class GaudiAdapter(Adapter):
+    """Gaudi HPUs with the hccl backend; bf16 autocast, fp8 through Habana's transformer engine,
+    lazy-mode step markers, `ddp` or `fast_ddp` data parallelism, FSDP2, and `hpu_backend` compilation.
+    """
+
+    name: ClassVar[str] = "gaudi"
+    priority: ClassVar[int] = 60
+    hardware_device_type: ClassVar[str] = "hpu"
+    hardware_backend: ClassVar[str] = "hccl"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        # fp16 is refused on Gaudi (its own Accelerator does the same): bf16 has the range.
+        precisions=frozenset({"no", "bf16", "fp8"}),
+        strategies=frozenset({"ddp", "fsdp2"}),
+        compile=True,
+        multi_process=True,
+    )
+    vendor_module: ClassVar[str] = "accel_gaudi.hpu"
+    emulated_vendor_module: ClassVar[str] = "accel_gaudi.hpu_emulated"
+
+    def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(emulate=emulate, options=options)
+        self.config = opts.GaudiOptions.from_env(overrides=options)
+        """The parsed options (launch flags / `ACCEL_GAUDI_*`, then `options` overrides)."""
+        self._fast_ddp: FastDDP | None = None
+        self._lazy: bool | None = None
+
+    # ---- discovery and device -----------------------------------------------------------
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("habana_frameworks") is None:
+            return Availability(available=False, reason="habana_frameworks is not installed (no Gaudi software stack)")
+        try:
+            from . import hpu
+        except Exception as exc:  # a half-installed stack is "not available", with the reason
+            return Availability(available=False, reason=f"importing habana_frameworks failed: {exc}")
+        if not hpu.is_available():
+            return Availability(available=False, reason="habana_frameworks is installed but sees no HPU")
+        return Availability(available=True, reason=f"{hpu.device_count()} HPU(s)")
+
+    def device_for(self, local_rank: int) -> torch.device:
+        # One HPU per process: the runtime binds each process to its module, so the device
+        # carries no index (as Gaudi's own state does).
+        return torch.device("cpu") if self.emulate else torch.device("hpu")
+
+    def ddp_device_ids(self, device: torch.device) -> list[int] | None:
+        return None
+
+    def set_device(self, device: torch.device) -> None:
+        # hccl exists for torch.distributed only once Habana's module registers it, which
+        # must happen before the process group starts.
+        self.vendor.init_distributed()
+
+    def synchronize(self) -> None:
+        self.vendor.synchronize()
+
+    def memory_stats(self) -> dict[str, int]:
+        return self.vendor.memory_stats()  # type: ignore[no-any-return]
+
+    def get_device_rng_state(self) -> Any:
+        return self.vendor.get_rng_state()
+
+    def set_device_rng_state(self, state: Any) -> None:
+        if state is not None:
+            self.vendor.set_rng_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        self.vendor.manual_seed(seed)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the bridge runs in lazy mode, where `mark_step` launches the accumulated graph."""
+        if self._lazy is None:
+            self._lazy = bool(self.vendor.is_lazy())
+        return self._lazy
+
+    # ---- prepare --------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Placement (not in multi-HPU training), precision, the strategy (not in evaluation
+        mode), then compilation.
+
+        Raises:
+            ValueError: a multi-HPU DDP/fast_ddp model whose parameters are not on the HPU
+                yet, or `fast_ddp` asked for under another strategy.
+        """
+        training_distributed = ctx.use_distributed and not ctx.evaluation_mode
+        if ctx.device_placement and not training_distributed:
+            model = self.place_model(model, ctx)
+        model = self.apply_precision(model, ctx)
+        if not ctx.evaluation_mode:
+            model = self.apply_strategy(model, ctx)
+        return self.compile_model(model, ctx)
+
+    def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        fp8 = ctx.mixed_precision == "fp8" or self.config.fp8
+        contexts: list[Any] = []
+        if ctx.mixed_precision == "bf16" or self.config.force_autocast:
+            kwargs = ctx.autocast_kwargs
+            contexts.append(lambda: self.autocast("bf16", **kwargs))
+        if fp8:
+            model = self.convert_to_fp8(model, ctx)
+            recipe = model._accel_fp8_recipe
+            contexts.append(lambda: self.vendor.fp8_autocast(recipe))
+        if contexts:
+            wrap_forward_in_autocast(model, lambda: _enter_all(contexts))
+        return model
+
+    def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Swap every `nn.Linear` for Habana's fp8 Linear (same Parameters), with the recipe from a
+        `GaudiFP8RecipeKwargs` handler or its defaults. Converting twice is a no-op."""
+        if getattr(model, "_accel_fp8_recipe", None) is None:
+            handler = ctx.handler(GaudiFP8RecipeKwargs) or GaudiFP8RecipeKwargs()
+            with torch.no_grad():
+                convert_linears(model, self.vendor)
+            model._accel_fp8_recipe = handler.recipe(self.vendor)
+        return model
+
+    def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        fast = self.config.distribution_strategy == "fast_ddp"
+        if fast and ctx.strategy.name != "ddp":
+            raise ValueError(
+                f"distribution_strategy='fast_ddp' replaces DDP and applies to the 'ddp' strategy only; this "
+                f"Accelerator uses {ctx.strategy.name!r}. Drop --distribution-strategy fast_ddp or use strategy 'ddp'."
+            )
+        if ctx.strategy.name == "ddp" and ctx.use_distributed:
+            self._check_on_device(model, ctx)
+        if fast:
+            if ctx.use_distributed and any(p.requires_grad for p in model.parameters()):
+                if self._fast_ddp is None:
+                    self._fast_ddp = FastDDP(self.vendor.ALLREDUCE_DTYPE)
+                self._fast_ddp.register(model)
+            return model
+        return ctx.strategy.wrap_model(model, ctx)
+
+    def _check_on_device(self, model: torch.nn.Module, ctx: PrepareContext) -> None:
+        # Multi-HPU training does not move models in prepare (Gaudi's own rule); a model left on
+        # the host would fail later inside the collective with a much less helpful message.
+        stray = {p.device.type for p in model.parameters()} - {ctx.device.type}
+        if stray:
+            raise ValueError(
+                f"In multi-process training the Gaudi adapter does not move models: this one has parameters on "
+                f"{sorted(stray)}, not on {ctx.device}. Call `model.to(accelerator.device)` before `prepare`."
+            )
+
+    def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        if self.config.use_regional_compilation:
+            plugin = ctx.dynamo_plugin
+            backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
+            if plugin is None:
+                from accel.kwargs import TorchDynamoPlugin
+
+                plugin = TorchDynamoPlugin(backend=backend)
+            ctx = dataclasses.replace(
+                ctx, dynamo_plugin=dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
+            )
+        return super().compile_model(model, ctx)
+
+    def compile_backend(self) -> str:
+        return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
+
+    # ---- the step -------------------------------------------------------------------------
+    def after_backward(self) -> None:
+        if self.lazy:
+            self.vendor.mark_step()
+        if self._fast_ddp is not None and self._fast_ddp and GradientState().sync_gradients:
+            self._fast_ddp.all_reduce_gradients()
+
+    def after_optimizer_step(self) -> None:
+        if self.lazy:
+            self.vendor.mark_step()
+
+    # ---- launch ---------------------------------------------------------------------------
+    @classmethod
+    def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
+        opts.add_launch_arguments(parser)
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        return opts.launch_env(args)
+
+    def describe(self) -> str:
+        c = self.config
+        return (
+            f"{super().describe()} distribution_strategy={c.distribution_strategy} "
+            f"regional_compilation={c.use_regional_compilation} force_autocast={c.force_autocast} fp8={c.fp8}"
+        )
+
+
+@contextlib.contextmanager
+def _enter_all(factories: list[Any]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for make in factories:
+            stack.enter_context(make())
+        yield

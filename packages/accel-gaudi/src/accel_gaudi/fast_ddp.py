@@ -1,0 +1,78 @@
+"""fast_ddp: data parallelism without a DDP wrapper.
+
+Parameters are broadcast from rank 0 once, at prepare time. After the backward that ends an
+accumulation window, every gradient goes into one flat buffer, is scaled by 1/world and
+all-reduced in a single collective, then copied back. One flag per parameter rides in the
+same buffer, so a parameter that got a gradient on any rank gets the averaged one on every
+rank, while one that got none anywhere keeps `grad=None` (as DDP leaves it).
+
+Reducing twice in one step is harmless: an averaged gradient is the same on every rank, so
+averaging it again changes nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+
+
+class FastDDP:
+    """The models prepared with fast_ddp on this process, and their gradient reduction."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        """Dtype of the flat buffer (bf16 on HPU, fp32 under emulation)."""
+        self._models: list[weakref.ref[torch.nn.Module]] = []
+
+    def register(self, model: torch.nn.Module) -> None:
+        """Broadcast `model`'s parameters and buffers from rank 0 and reduce its gradients from now on."""
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+        self._models.append(weakref.ref(model))
+
+    def __bool__(self) -> bool:
+        return any(ref() is not None for ref in self._models)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        live = [m for m in (ref() for ref in self._models) if m is not None]
+        self._models = [weakref.ref(m) for m in live]
+        seen: set[int] = set()
+        params = []
+        for model in live:
+            for p in model.parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
+
+    def all_reduce_gradients(self) -> None:
+        """Average every registered gradient over the processes with exactly one all-reduce."""
+        params = self._params()
+        if not params:
+            return
+        device = params[0].device
+        parts = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(self.dtype) for p in params
+        ]
+        flags = torch.tensor([p.grad is not None for p in params], dtype=self.dtype, device=device)
+        flat = torch.cat([*parts, flags])
+        flat.mul_(1.0 / dist.get_world_size())
+        dist.all_reduce(flat)
+        offset = 0
+        reduced = []
+        for p in params:
+            reduced.append(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        # Reading the flags waits for the device: done only when this rank lacks a gradient.
+        present = (flat[offset:] > 0).tolist() if missing else []
+        with torch.no_grad():
+            for p, grad in zip(params, reduced):
+                if p.grad is not None:
+                    p.grad.copy_(grad)
+            for i in missing:
+                if present[i]:
+                    params[i].grad = reduced[i].to(params[i].dtype).clone()

@@ -1,0 +1,117 @@
+"""Every call this package makes into Habana's software stack, and nothing else.
+
+This module is imported only when the adapter runs on a Gaudi machine; it imports
+`habana_frameworks` at the top, so importing it anywhere else fails at once (which is how
+`GaudiAdapter.availability` learns that no Gaudi stack is installed). Under emulation
+`accel_gaudi.hpu_emulated` replaces it function for function: keep the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import habana_frameworks.torch.core as htcore
+import habana_frameworks.torch.hpu  # noqa: F401  (registers `torch.hpu`)
+import torch
+from habana_frameworks.torch.utils.internal import is_lazy as _is_lazy
+
+COMPILE_BACKEND = "hpu_backend"
+"""The torch.compile backend Habana registers for HPU graphs."""
+
+ALLREDUCE_DTYPE = torch.bfloat16
+"""fast_ddp reduces gradients in bf16: half the bytes over the HCCL links, the precision
+Gaudi's own fast path uses."""
+
+
+def is_available() -> bool:
+    return bool(torch.hpu.is_available())
+
+
+def device_count() -> int:
+    return int(torch.hpu.device_count())
+
+
+def init_distributed() -> None:
+    """Register the `hccl` backend with torch.distributed (an import side effect)."""
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+
+def is_lazy() -> bool:
+    """Whether the bridge runs in lazy mode (`PT_HPU_LAZY_MODE=1`), where graphs run at `mark_step`."""
+    return bool(_is_lazy())
+
+
+def mark_step() -> None:
+    """Cut the accumulated lazy graph here and launch it on the device."""
+    htcore.mark_step()
+
+
+def synchronize() -> None:
+    torch.hpu.synchronize()
+
+
+def memory_stats() -> dict[str, int]:
+    return dict(torch.hpu.memory_stats())
+
+
+def get_rng_state() -> torch.Tensor:
+    return torch.hpu.random.get_rng_state()
+
+
+def set_rng_state(state: torch.Tensor) -> None:
+    torch.hpu.random.set_rng_state(state)
+
+
+def manual_seed(seed: int) -> None:
+    torch.hpu.random.manual_seed_all(seed)
+
+
+def _te() -> Any:
+    from habana_frameworks.torch.hpex.experimental import transformer_engine
+
+    return transformer_engine
+
+
+def make_fp8_recipe(
+    *,
+    fp8_format: str,
+    margin: int,
+    interval: int,
+    amax_history_len: int,
+    amax_compute_algo: str,
+    reduce_amax: bool,
+) -> Any:
+    """A transformer-engine `DelayedScaling` recipe (`fp8_format` is "E5M2" or "HYBRID")."""
+    te = _te()
+    return te.recipe.DelayedScaling(
+        fp8_format=getattr(te.recipe.Format, fp8_format),
+        margin=margin,
+        interval=interval,
+        amax_history_len=amax_history_len,
+        amax_compute_algo=amax_compute_algo,
+        reduce_amax=reduce_amax,
+    )
+
+
+def fp8_linear(linear: torch.nn.Linear) -> torch.nn.Module:
+    """A transformer-engine Linear that shares `linear`'s weight and bias Parameters."""
+    module = _te().Linear(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        params_dtype=linear.weight.dtype,
+        skip_weight_param_allocation=True,
+    )
+    module.weight = linear.weight
+    if linear.bias is not None:
+        module.bias = linear.bias
+    return module
+
+
+def is_fp8_linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, _te().Linear)
+
+
+def fp8_autocast(recipe: Any) -> Any:
+    """Context in which transformer-engine layers compute in fp8 with `recipe`."""
+    return _te().fp8_autocast(enabled=True, fp8_recipe=recipe)

@@ -1,0 +1,201 @@
+"""The Gaudi adapter in one process, emulated: device, detection, placement, precision wrappers,
+step markers, options and launch flags, and the quantized-model errors."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from accel import Accelerator, AdapterUnavailableError
+from accel.cli import _launch_parser, worker_env
+from accel.precision import remove_autocast_wrapper
+from accel.prepare import PrepareContext
+from accel.registry import select_adapter
+from accel.strategies.base import Strategy
+from accel.strategies.ddp import DDPStrategy
+from accel_gaudi import GaudiAdapter, GaudiOptions, hpu_emulated
+from torch import nn
+
+
+def ctx(**kw) -> PrepareContext:
+    base = {"device": torch.device("meta"), "device_placement": True, "strategy": DDPStrategy()}
+    return PrepareContext(**{**base, **kw})
+
+
+# ---- device and detection ----------------------------------------------------------------
+def test_hardware_device_and_backend_and_their_emulation():
+    real, emulated = GaudiAdapter(emulate=False), GaudiAdapter(emulate=True)
+    assert (real.device_type, real.backend, real.device_for(3)) == ("hpu", "hccl", torch.device("hpu"))
+    assert (emulated.device_type, emulated.backend, emulated.device_for(3)) == ("cpu", "gloo", torch.device("cpu"))
+    assert real.ddp_device_ids(torch.device("hpu")) is None
+
+
+def test_detection_goes_through_hpu_module_and_says_why():
+    with pytest.raises(ImportError, match="habana_frameworks"):
+        importlib.import_module("accel_gaudi.hpu")
+    avail = GaudiAdapter.availability()
+    assert not avail and "habana_frameworks is not installed" in avail.reason
+    with pytest.raises(AdapterUnavailableError, match=r"'gaudi' is installed but cannot run here: habana_frameworks"):
+        select_adapter("gaudi")
+    assert select_adapter("gaudi", emulate=True) is GaudiAdapter
+
+
+def test_emulation_replaces_only_the_vendor_module():
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    assert acc.adapter.vendor is hpu_emulated
+    assert acc.device == torch.device("cpu")
+    # The hccl registration call is made before any process group, emulated or not.
+    assert hpu_emulated.calls["init_distributed"] == 1
+
+
+def test_fp16_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match=r"'gaudi' adapter does not support mixed_precision='fp16'.*'bf16'"):
+        Accelerator(adapter="gaudi", emulate=True, mixed_precision="fp16")
+
+
+# ---- placement and evaluation mode ---------------------------------------------------------
+def test_single_process_places_the_model():
+    model = GaudiAdapter(emulate=True).prepare_model(nn.Linear(2, 2), ctx())
+    assert model.weight.device.type == "meta"
+
+
+def test_multi_process_training_does_not_move_and_says_so():
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"does not move models.*\['cpu'\].*model.to\(accelerator.device\)"):
+        GaudiAdapter(emulate=True).prepare_model(model, ctx(use_distributed=True, num_processes=2))
+    # Under a strategy that places by itself nothing is moved and nothing refused.
+    kept = GaudiAdapter(emulate=True).prepare_model(model, ctx(use_distributed=True, strategy=Strategy()))
+    assert kept is model and model.weight.device.type == "cpu"
+
+
+def test_evaluation_mode_places_and_applies_only_precision():
+    model = nn.Sequential(nn.Linear(2, 2))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    c = ctx(device=torch.device("cpu"), use_distributed=True, evaluation_mode=True, mixed_precision="bf16")
+    prepared = GaudiAdapter(emulate=True).prepare_model(model, c)
+    assert prepared is model  # no DDP wrapper (and no process group needed)
+    out = prepared(torch.ones(1, 2))
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    moved = GaudiAdapter(emulate=True).prepare_model(nn.Linear(2, 2), ctx(use_distributed=True, evaluation_mode=True))
+    assert moved.weight.device.type == "meta"
+
+
+# ---- force_autocast -----------------------------------------------------------------------
+def test_force_autocast_wraps_forward_in_bf16_and_unwrap_restores(monkeypatch):
+    monkeypatch.setenv("ACCEL_GAUDI_FORCE_AUTOCAST", "1")
+    acc = Accelerator(adapter="gaudi", emulate=True)  # mixed_precision "no": only the flag asks for bf16
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    original = model.forward
+    seen = []
+    model[2].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    prepared = acc.prepare(model)
+    x = torch.randn(3, 4)
+    out = prepared(x)
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    assert prepared._original_forward == original
+    expected = original(x)
+    assert torch.allclose(out, expected, atol=5e-2) and not torch.equal(out, expected)
+    acc.unwrap_model(prepared, keep_fp32_wrapper=False)
+    assert prepared.forward == original and torch.equal(prepared(x), expected)
+    assert seen[-1] == torch.float32
+
+
+def test_without_force_autocast_mixed_precision_no_leaves_forward_alone():
+    model = nn.Linear(2, 2)
+    prepared = Accelerator(adapter="gaudi", emulate=True).prepare(model)
+    assert "_original_forward" not in prepared.__dict__
+    remove_autocast_wrapper(prepared)
+
+
+# ---- step markers -------------------------------------------------------------------------
+def _train(acc: Accelerator, micro_batches: int) -> list[int]:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    after = []
+    for i in range(micro_batches):
+        with acc.accumulate(model):
+            acc.backward(model(torch.full((2, 3), float(i))).sum())
+            after.append(hpu_emulated.calls["mark_step"])
+            opt.step()
+            opt.zero_grad()
+            after.append(hpu_emulated.calls["mark_step"])
+    return after
+
+
+def test_mark_step_after_backward_and_after_each_real_optimizer_step():
+    acc = Accelerator(adapter="gaudi", emulate=True, gradient_accumulation_steps=2)
+    # backward marks; the optimizer step marks only on the micro-batch that really steps.
+    assert _train(acc, 4) == [1, 1, 2, 3, 4, 4, 5, 6]
+
+
+def test_no_mark_step_outside_lazy_mode(monkeypatch):
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    assert _train(acc, 2) == [0, 0, 0, 0]
+
+
+# ---- options and launch flags --------------------------------------------------------------
+def test_launch_flags_become_options(monkeypatch):
+    monkeypatch.setenv("ACCEL_ADAPTER", "gaudi")
+    args = _launch_parser().parse_args(
+        [
+            "--emulate",
+            "--distribution-strategy",
+            "fast_ddp",
+            "--use-regional-compilation",
+            "--force-autocast",
+            "--fp8",
+            "train.py",
+        ]
+    )
+    env = worker_env(args)
+    assert env["ACCEL_GAUDI_DISTRIBUTION_STRATEGY"] == "fast_ddp"
+    options = GaudiOptions.from_env(env)
+    assert options == GaudiOptions(
+        distribution_strategy="fast_ddp", use_regional_compilation=True, force_autocast=True, fp8=True
+    )
+    plain = worker_env(_launch_parser().parse_args(["--emulate", "train.py"]))
+    assert not any(k.startswith("ACCEL_GAUDI_") for k in plain)
+    assert GaudiOptions.from_env(plain) == GaudiOptions()
+
+
+def test_adapter_reads_options_once_at_init(monkeypatch):
+    monkeypatch.setenv("ACCEL_GAUDI_DISTRIBUTION_STRATEGY", "FAST_DDP")
+    adapter = GaudiAdapter(emulate=True)
+    monkeypatch.setenv("ACCEL_GAUDI_DISTRIBUTION_STRATEGY", "ddp")
+    assert adapter.config.distribution_strategy == "fast_ddp"
+    assert GaudiAdapter(emulate=True, options={"fp8": True}).config.fp8
+
+
+def test_bad_options_are_refused_clearly(monkeypatch):
+    with pytest.raises(ValueError, match=r"one of \('ddp', 'fast_ddp'\), got 'zero'"):
+        GaudiOptions.from_env({"ACCEL_GAUDI_DISTRIBUTION_STRATEGY": "zero"})
+    with pytest.raises(ValueError, match=r"ACCEL_GAUDI_FP8='maybe' is not a boolean; set it to 1 or 0"):
+        GaudiOptions.from_env({"ACCEL_GAUDI_FP8": "maybe"})
+    with pytest.raises(ValueError, match=r"Unknown Gaudi adapter option\(s\) \['fp9'\]"):
+        GaudiOptions.from_env({}, overrides={"fp9": True})
+    with pytest.raises(SystemExit):
+        _launch_parser().parse_args(["--distribution-strategy", "zero", "train.py"])
+
+
+# ---- quantized models with a device map ------------------------------------------------------
+def _quantized(device_map: dict) -> nn.Module:
+    model = nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = device_map
+    return model
+
+
+def test_quantized_model_errors_with_the_gaudi_adapter():
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    with pytest.raises(ValueError, match=r"different device than the one you're training on \(cpu\)"):
+        acc.prepare(_quantized({"": 1}))
+    with pytest.raises(ValueError, match="different device"):
+        acc.prepare(_quantized({"": "hpu:0"}))
+    with pytest.raises(ValueError, match="with CPU or disk offload"):
+        acc.prepare(_quantized({"a": "cpu", "b": "disk"}))
+    ok = _quantized({"": 0})
+    assert acc.prepare(ok) is ok
