@@ -1,0 +1,197 @@
+"""Two gloo ranks through `accel launch --adapter gaudi --emulate`: ddp, fast_ddp, FSDP2 with
+activation checkpointing, and the distributed-only errors. One launch runs every scenario
+(a launch costs ~10 s on this machine); each test checks one of them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+WORKER = r"""
+import copy, json, os, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from accel import Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs, FSDPConfig
+from accel.state import AcceleratorState, GradientState
+from accel_gaudi import hpu_emulated
+
+out = {}
+STEPS, ACCUM = 3, 2
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)])
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+def fresh(strategy_option, **kwargs):
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    hpu_emulated.calls.clear()
+    os.environ["ACCEL_GAUDI_DISTRIBUTION_STRATEGY"] = strategy_option
+    return Accelerator(adapter="gaudi", emulate=True, gradient_accumulation_steps=ACCUM, **kwargs)
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(100 + step)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+    return x[4 * rank: 4 * rank + 4], y[4 * rank: 4 * rank + 4]
+
+def train(acc, model, count=False):
+    # SGD, not Adam: Adam is blind to a wrong gradient scale (e.g. a missing 1/world).
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    real_all_reduce, counts = dist.all_reduce, []
+    def counting(*a, **k):
+        counts[-1] += 1
+        return real_all_reduce(*a, **k)
+    dist.all_reduce = counting
+    try:
+        for step in range(STEPS * ACCUM):
+            if step % ACCUM == 0:
+                counts.append(0)
+            with acc.accumulate(model):
+                x, y = batch(step, acc.process_index)
+                acc.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                opt.zero_grad()
+    finally:
+        dist.all_reduce = real_all_reduce
+    return model, counts
+
+# The launch flag chose fast_ddp: the adapter read it at init.
+acc = Accelerator(adapter="gaudi", emulate=True)
+out["launch_flag_strategy"] = acc.adapter.config.distribution_strategy
+rank = acc.process_index
+
+# Every rank starts from different weights: fast_ddp must broadcast rank 0's.
+torch.manual_seed(rank)
+start = Net()
+torch.manual_seed(0)
+reference_start = Net()
+
+acc = fresh("fast_ddp")
+fast, counts = train(acc, copy.deepcopy(start))
+out["fast_is_plain_module"] = type(fast).__name__ == "Net"
+out["fast_all_reduces_per_step"] = counts
+out["mark_steps"] = hpu_emulated.calls["mark_step"]
+out["fast"] = {k: v.tolist() for k, v in fast.state_dict().items()}
+
+acc = fresh("ddp", kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.NO, bucket_cap_mb=1)])
+ddp, _ = train(acc, copy.deepcopy(reference_start))
+out["ddp_type"] = type(ddp).__name__
+out["ddp"] = {k: v.tolist() for k, v in acc.unwrap_model(ddp).state_dict().items()}
+
+acc = fresh("ddp", kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16)])
+hooked, _ = train(acc, copy.deepcopy(reference_start))
+out["fp16_hook"] = hooked._get_ddp_logging_data().get("comm_hook", "")
+out["fp16"] = {k: v.tolist() for k, v in acc.unwrap_model(hooked).state_dict().items()}
+
+acc = fresh("ddp", fsdp_plugin=FSDPConfig(activation_checkpointing=True))
+sharded, _ = train(acc, copy.deepcopy(reference_start))
+out["fsdp_local_rows"] = sharded.embed.weight.to_local().shape[0]
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+out["fsdp_checkpoint_wrapped"] = sum(isinstance(m, CheckpointWrapper) for m in sharded.modules())
+full = acc.get_state_dict(sharded)
+out["fsdp"] = {k: v.tolist() for k, v in full.items()}
+
+def error_of(fn):
+    try:
+        fn()
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+acc = fresh("fast_ddp", fsdp_plugin=FSDPConfig())
+out["fast_with_fsdp"] = error_of(lambda: acc.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.1)))
+acc = fresh("ddp")
+quantized = Net()
+quantized.is_loaded_in_4bit = True
+quantized.hf_device_map = {"embed": 0, "head": 1}
+out["quantized_multi_device"] = error_of(lambda: acc.prepare(quantized))
+auto = Net()
+auto.hf_device_map = {"embed": 0, "head": "cpu"}
+out["device_map_auto"] = error_of(lambda: acc.prepare(auto))
+
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def results(launch, tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("gaudi_dist")
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    launch(script, str(tmp), launch_args=("--adapter", "gaudi", "--emulate", "--distribution-strategy", "fast_ddp"))
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def weights(result: dict, key: str) -> dict[str, torch.Tensor]:
+    return {k: torch.tensor(v) for k, v in result[key].items()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_launch_flag_selects_fast_ddp(results):
+    assert [r["launch_flag_strategy"] for r in results] == ["fast_ddp", "fast_ddp"]
+
+
+def test_fast_ddp_matches_ddp_after_steps(results):
+    r0, r1 = results
+    assert r0["fast_is_plain_module"] and r0["ddp_type"] == "DistributedDataParallel"
+    # Rank 1 started from other weights: the broadcast at prepare made both ranks rank 0's.
+    assert max_diff(weights(r0, "fast"), weights(r1, "fast")) == 0.0
+    # Same data, same start: fp32 flat-buffer averaging equals DDP's bucketed averaging.
+    assert max_diff(weights(r0, "fast"), weights(r0, "ddp")) < 1e-6
+    assert max_diff(weights(r0, "ddp"), weights(r1, "ddp")) == 0.0
+
+
+def test_fast_ddp_issues_exactly_one_all_reduce_per_optimizer_step(results):
+    # 3 optimizer steps of 2 micro-batches each: the accumulating micro-batch reduces nothing.
+    assert [r["fast_all_reduces_per_step"] for r in results] == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_mark_step_counts_under_fast_ddp(results):
+    # 6 backwards + 3 real optimizer steps, lazy mode (the emulated default).
+    assert [r["mark_steps"] for r in results] == [9, 9]
+
+
+def test_ddp_comm_hook_goes_through_the_core(results):
+    r0 = results[0]
+    assert "fp16_compress_hook" in r0["fp16_hook"]
+    fp16_diff = max_diff(weights(r0, "fp16"), weights(r0, "ddp"))
+    assert 0.0 < fp16_diff < 5e-2  # fp16-compressed gradients: close, not identical
+
+
+def test_fsdp2_with_activation_checkpointing_on_the_adapter_device(results):
+    r0, r1 = results
+    assert r0["fsdp_local_rows"] == 4  # embed's 8 rows, half on each rank
+    assert r0["fsdp_checkpoint_wrapped"] == 2  # each ModuleList block recomputed in backward
+    # FSDP2 gathers the full state dict on the main process; it trained as DDP did.
+    assert max_diff(weights(r0, "fsdp"), weights(r0, "ddp")) < 1e-5
+    assert r1["fsdp"] == {}
+
+
+def test_fast_ddp_under_another_strategy_is_refused(results):
+    assert "applies to the 'ddp' strategy only" in results[0]["fast_with_fsdp"]
+    assert "use strategy 'ddp'" in results[0]["fast_with_fsdp"]
+
+
+def test_device_map_errors_in_distributed_mode(results):
+    for r in results:
+        assert "8-bit or 4-bit precision on multiple devices in any distributed mode" in r["quantized_multi_device"]
+        assert "loaded with `device_map='auto'` in any distributed mode" in r["device_map_auto"]
