@@ -18,17 +18,20 @@ from habana_frameworks.torch.utils.internal import is_lazy as _is_lazy
 COMPILE_BACKEND = "hpu_backend"
 """The torch.compile backend Habana registers for HPU graphs."""
 
+# Present once habana_frameworks is imported; torch's own stubs do not know it.
+_hpu: Any = torch.hpu  # type: ignore[attr-defined]
+
 ALLREDUCE_DTYPE = torch.bfloat16
 """fast_ddp reduces gradients in bf16: half the bytes over the HCCL links, the precision
 Gaudi's own fast path uses."""
 
 
 def is_available() -> bool:
-    return bool(torch.hpu.is_available())
+    return bool(_hpu.is_available())
 
 
 def device_count() -> int:
-    return int(torch.hpu.device_count())
+    return int(_hpu.device_count())
 
 
 def init_distributed() -> None:
@@ -47,23 +50,23 @@ def mark_step() -> None:
 
 
 def synchronize() -> None:
-    torch.hpu.synchronize()
+    _hpu.synchronize()
 
 
 def memory_stats() -> dict[str, int]:
-    return dict(torch.hpu.memory_stats())
+    return dict(_hpu.memory_stats())
 
 
 def get_rng_state() -> torch.Tensor:
-    return torch.hpu.random.get_rng_state()
+    return _hpu.random.get_rng_state()
 
 
 def set_rng_state(state: torch.Tensor) -> None:
-    torch.hpu.random.set_rng_state(state)
+    _hpu.random.set_rng_state(state)
 
 
 def manual_seed(seed: int) -> None:
-    torch.hpu.random.manual_seed_all(seed)
+    _hpu.random.manual_seed_all(seed)
 
 
 def _te() -> Any:

@@ -14,7 +14,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -191,9 +191,9 @@ class Linear(nn.Module):
 
 def fp8_linear(linear: nn.Linear) -> nn.Module:
     module = Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-    module.weight = linear.weight
+    module.weight = cast(nn.Parameter, linear.weight)
     if linear.bias is not None:
-        module.bias = linear.bias
+        module.bias = cast(nn.Parameter, linear.bias)
     return module
 
 
