@@ -21,7 +21,13 @@ ACCEL_FLAGS_TO_ENV = {
 }
 
 
-def _launch_parser() -> argparse.ArgumentParser:
+def _launch_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `accel launch` parser, with every installed adapter's own flags.
+
+    The selected adapter's flags (from `--adapter`/`--cpu` in `argv`, else `ACCEL_ADAPTER`)
+    are added first; another adapter whose flags clash with flags already present is left
+    out rather than breaking the command (`accel launch --adapter NAME --help` shows it).
+    """
     p = argparse.ArgumentParser(
         prog="accel launch",
         description="Run a training script on N processes per node through torch.distributed.run (torchrun).",
@@ -83,13 +89,27 @@ def _launch_parser() -> argparse.ArgumentParser:
     a.add_argument("--timeout", type=float, default=None, help="collective timeout in seconds (default 1800)")
     a.add_argument("--debug", action="store_true", help="check tensor shapes across ranks before collectives")
 
-    for name, cls in sorted(registry.installed_adapters().items()):
-        group = p.add_argument_group(f"adapter {name!r}")
-        cls.add_launch_arguments(group)
+    selected = _requested_adapter(argv)
+    adapters = sorted(registry.installed_adapters().items(), key=lambda item: (item[0] != selected, item[0]))
+    for name, cls in adapters:
+        probe = argparse.ArgumentParser(add_help=False)
+        cls.add_launch_arguments(probe.add_argument_group(name))
+        flags = {opt for action in probe._actions for opt in action.option_strings}
+        if flags & set(p._option_string_actions):
+            continue
+        cls.add_launch_arguments(p.add_argument_group(f"adapter {name!r}"))
 
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
+
+
+def _requested_adapter(argv: Sequence[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--adapter", default=None)
+    pre.add_argument("--cpu", action="store_true")
+    known, _ = pre.parse_known_args(list(argv))
+    return "cpu" if known.cpu else (known.adapter or os.environ.get("ACCEL_ADAPTER"))
 
 
 def build_torchrun_argv(args: argparse.Namespace) -> list[str]:
@@ -161,7 +181,7 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def launch(argv: Sequence[str]) -> int:
-    args = _launch_parser().parse_args(list(argv))
+    args = _launch_parser(argv).parse_args(list(argv))
     os.environ.update(worker_env(args))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
