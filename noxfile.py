@@ -26,7 +26,7 @@ nox.options.error_on_missing_interpreters = True
 BASE = "packages/accel-base"
 TEST_PLUGINS = f"{BASE}/tests/plugins/accel-test-plugins"
 LINTED = ["packages", "integration_tests", "examples", "noxfile.py"]
-PACKAGES = ["accel-base"]
+PACKAGES = ["accel-base", "accel-gaudi"]
 
 
 def install_base(session: nox.Session, *extras: str) -> None:
