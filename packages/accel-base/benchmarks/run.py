@@ -21,7 +21,9 @@ HERE = Path(__file__).parent
 
 def import_cost(module: str) -> float:
     """Cumulative import time of `module` in microseconds, from -X importtime."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True
+    )
     for line in out.stderr.splitlines():
         m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|\s*(\S+)$", line)
         if m and m.group(2) == module:
@@ -32,7 +34,18 @@ def import_cost(module: str) -> float:
 def step_times(extra: list[str]) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "steps.json"
-        cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", str(HERE / "step_bench.py"), "--out", str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "launch",
+            "--num-processes",
+            "2",
+            str(HERE / "step_bench.py"),
+            "--out",
+            str(out),
+            *extra,
+        ]
         subprocess.run(cmd, check=True, timeout=1800)
         return json.loads(out.read_text())
 
@@ -41,18 +54,24 @@ def main() -> None:
     extra = sys.argv[1:]
     steps = step_times(extra)
     print("\n## Step time, 2 gloo processes (median ms per step)\n")
-    print("| hidden | raw DDP (defaults) | raw DDP (same settings) | accel | accel / raw defaults | accel / raw same settings |")
+    print(
+        "| hidden | raw DDP (defaults) | raw DDP (same settings) | accel | accel / raw defaults | accel / raw same settings |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for hidden, m in steps.items():
         naive, same, ours = m["raw_ddp_default"], m["raw_ddp_same_settings"], m["accel"]
-        print(f"| {hidden} | {naive * 1e3:.3f} | {same * 1e3:.3f} | {ours * 1e3:.3f} | {ours / naive:.3f} | {ours / same:.3f} |")
+        print(
+            f"| {hidden} | {naive * 1e3:.3f} | {same * 1e3:.3f} | {ours * 1e3:.3f} | {ours / naive:.3f} | {ours / same:.3f} |"
+        )
 
     torch_us = import_cost("torch")
     accel_us = import_cost("accel")
     print("\n## Import cost (cumulative, -X importtime)\n")
     print("| import torch | import accel (includes torch) | accel's own share |")
     print("| --- | --- | --- |")
-    print(f"| {torch_us / 1e3:.0f} ms | {accel_us / 1e3:.0f} ms | {(accel_us - torch_us) / 1e3:.0f} ms ({accel_us / torch_us:.2f}x) |")
+    print(
+        f"| {torch_us / 1e3:.0f} ms | {accel_us / 1e3:.0f} ms | {(accel_us - torch_us) / 1e3:.0f} ms ({accel_us / torch_us:.2f}x) |"
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from accel.state import AcceleratorState, GradientState, PartialState
+from accel.state import AcceleratorState, GradientState
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import torch
-
 from accel import Accelerator, DistributedType
 
 
