@@ -8,8 +8,11 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import registry
+
+WORKER_BOOTSTRAP = Path(__file__).with_name("worker_bootstrap.py")
 
 ACCEL_FLAGS_TO_ENV = {
     "adapter": "ACCEL_ADAPTER",
@@ -112,8 +115,13 @@ def _requested_adapter(argv: Sequence[str]) -> str | None:
     return "cpu" if known.cpu else (known.adapter or os.environ.get("ACCEL_ADAPTER"))
 
 
-def build_torchrun_argv(args: argparse.Namespace) -> list[str]:
-    """torchrun's argument list for these `accel launch` arguments."""
+def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = None) -> list[str]:
+    """torchrun's argument list for these `accel launch` arguments.
+
+    With `launcher_pid`, each worker starts through `accel/worker_bootstrap.py`, which ties
+    its life to that process (the launcher running torchrun in-process): a launcher killed
+    with SIGKILL takes its workers with it instead of leaving them training.
+    """
     argv = [
         "--nproc-per-node",
         str(args.num_processes),
@@ -151,6 +159,9 @@ def build_torchrun_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--log-dir", args.log_dir]
     if args.tee:
         argv += ["--tee", args.tee]
+    if launcher_pid is not None:
+        mode = "module" if args.module else "exec" if args.no_python else "script"
+        return [*argv, str(WORKER_BOOTSTRAP), str(launcher_pid), mode, args.script, *args.script_args]
     if args.module:
         argv.append("--module")
     if args.no_python:
@@ -187,7 +198,7 @@ def launch(argv: Sequence[str]) -> int:
     from torch.distributed.run import main as torchrun_main
 
     try:
-        torchrun_main(build_torchrun_argv(args))
+        torchrun_main(build_torchrun_argv(args, launcher_pid=os.getpid()))
     except ChildFailedError as exc:
         print(f"accel launch: {exc.name} failed:", file=sys.stderr)
         for rank, failure in exc.failures.items():
