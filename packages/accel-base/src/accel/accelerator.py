@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from .kwargs import (
     KwargsHandler,
     ProjectConfiguration,
     TorchDynamoPlugin,
+    check_positive_int,
 )
 from .optimizer import AcceleratedOptimizer
 from .precision import remove_autocast_wrapper
@@ -43,6 +45,11 @@ from .strategies.base import Strategy
 from .trackers import TrackerHub
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
+# Configuration objects that have their own `Accelerator` argument (a common slip is to pass them as handlers).
+_HANDLER_HINTS = {
+    "ProjectConfiguration": " (pass it as `project_config=`)",
+    "DataLoaderConfiguration": " (pass it as `dataloader_config=`)",
+}
 
 
 class Accelerator:
@@ -145,10 +152,9 @@ class Accelerator:
                 "Set `num_steps` in the plugin instead."
             )
         if gradient_accumulation_plugin is None:
-            steps = int(os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
-        if gradient_accumulation_plugin.num_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_plugin.num_steps}.")
+            gradient_accumulation_plugin = GradientAccumulationPlugin(
+                num_steps=_accumulation_steps(gradient_accumulation_steps)
+            )
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
 
         self.device_placement = device_placement
@@ -339,6 +345,7 @@ class Accelerator:
         else:
             self.strategy.validate_device_placement(device_placement)
         self.strategy.validate_prepare(args, self)
+        _warn_detached_optimizers(args, self._models)
         objects = list(args)
         self.adapter.before_prepare(objects, self._context(self.device_placement))
         # Models and data loaders first: optimizers must see the placed parameters, and
@@ -826,9 +833,53 @@ class _HookHandle:
         self.hooks.pop(self.id, None)
 
 
+def _warn_detached_optimizers(objects: tuple[Any, ...], prepared_models: list[torch.nn.Module]) -> None:
+    """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
+    models = [obj for obj in objects if isinstance(obj, torch.nn.Module)] + prepared_models
+    if not models:
+        return
+    owned = {id(p) for model in models for p in model.parameters()}
+    for obj in objects:
+        if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_is_accel_prepared", False):
+            continue
+        params = [p for group in obj.param_groups for p in group["params"]]
+        if params and not any(id(p) in owned for p in params):
+            warnings.warn(
+                f"The {type(obj).__name__} optimizer passed to `prepare` holds {len(params)} parameter tensor(s), none "
+                "of which belongs to a model prepared by this Accelerator, so stepping it trains none of them. Build "
+                "the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
+                "and pass both to the same `prepare` call, or build it from the prepared model's parameters.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _accumulation_steps(steps: Any) -> int:
+    """`gradient_accumulation_steps`, or `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set: an int >= 1."""
+    check_positive_int(steps, "gradient_accumulation_steps", hint="Pass a whole number of micro-batches, e.g. 2.")
+    env = os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", "")
+    if not env.strip():
+        return int(steps)
+    try:
+        value = int(env)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"ACCEL_GRADIENT_ACCUMULATION_STEPS={env!r} is not an int >= 1. Set it to the number of micro-batches "
+            "per optimizer step (for example ACCEL_GRADIENT_ACCUMULATION_STEPS=4), or unset it."
+        )
+    return value
+
+
 def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
     found: dict[type, Any] = {}
     for handler in handlers:
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(
+                f"Unsupported kwargs handler passed: {handler!r}, must be one that inherits `accel.kwargs.KwargsHandler`"
+                f"{_HANDLER_HINTS.get(type(handler).__name__, '')}."
+            )
         kind = type(handler)
         if kind in found:
             raise ValueError(f"You can only pass one {kind.__name__} in `kwargs_handlers`.")

@@ -7,10 +7,20 @@ or the matching argument.
 from __future__ import annotations
 
 import enum
+import numbers
 import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
+
+
+def check_positive_int(value: Any, name: str, *, allow_none: bool = False, hint: str = "") -> None:
+    """Raise ValueError unless `value` is an int >= 1 (or None when `allow_none`); bools are refused."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        expected = "None or an int >= 1" if allow_none else "an int >= 1"
+        raise ValueError(f"`{name}` must be {expected}, got {value!r}.{' ' + hint if hint else ''}")
 
 
 class KwargsHandler:
@@ -106,6 +116,21 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta | None = None
     """Collective timeout; None means `ACCEL_TIMEOUT` seconds if set, else 30 minutes."""
 
+    def __post_init__(self) -> None:
+        if self.timeout is None:
+            return
+        if not isinstance(self.timeout, timedelta):
+            raise TypeError(
+                f"InitProcessGroupKwargs(timeout=...) must be a datetime.timedelta, got {self.timeout!r}: "
+                "pass for example timedelta(seconds=600)."
+            )
+        if self.timeout <= timedelta(0):
+            raise ValueError(
+                f"InitProcessGroupKwargs(timeout={self.timeout!r}) must be positive: it is how long a collective "
+                "waits for the other processes. Pass for example timedelta(minutes=10), or None for the default "
+                "(`ACCEL_TIMEOUT`, else 30 minutes)."
+            )
+
 
 @dataclass(kw_only=True)
 class AutocastKwargs(KwargsHandler):
@@ -126,7 +151,8 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = False
     """`save_state()` writes `checkpoints/checkpoint_<n>`, numbering on from the last one."""
     total_limit: int | None = None
-    """Keep at most this many automatic checkpoints; the oldest are deleted."""
+    """Keep at most this many automatic checkpoints (None: all); the oldest are deleted.
+    Checked on construction and on assignment: 0 or less would delete the checkpoint just written."""
     iteration: int = 0
     """Number the next automatic checkpoint gets."""
     save_on_each_node: bool = False
@@ -140,6 +166,16 @@ class ProjectConfiguration:
     def __post_init__(self) -> None:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "total_limit":
+            check_positive_int(
+                value,
+                "ProjectConfiguration.total_limit",
+                allow_none=True,
+                hint="0 or less would delete the checkpoint just written; use None to keep every checkpoint.",
+            )
+        super().__setattr__(name, value)
 
 
 @dataclass(kw_only=True)
@@ -170,11 +206,15 @@ class GradientAccumulationPlugin(KwargsHandler):
     """How `accumulate` counts steps."""
 
     num_steps: int = 1
+    """Micro-batches per optimizer step; an int >= 1 (checked on construction)."""
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     """Force a sync (and an optimizer step) at the end of each data loader."""
     sync_each_batch: bool = False
     """All-reduce gradients every batch even while accumulating (saves memory, costs bandwidth)."""
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.num_steps, "GradientAccumulationPlugin.num_steps")
 
 
 @dataclass(kw_only=True)

@@ -227,16 +227,24 @@ class PartialState:
     # ---- helpers on processes ----------------------------------------------------------
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Give each process its contiguous share of a list, tuple, dict of lists, or tensor.
+        """Give each process its contiguous share of a list, tuple, tensor, or dict of those.
 
-        The first `len % num_processes` processes get one item more. With `apply_padding`
-        the shorter shares are padded with their last item so every share has one length
-        (useful before `gather`).
+        The first `len % num_processes` processes get one item more (with fewer items than
+        processes, the last processes get none). With `apply_padding` every share is filled up
+        to the longest share's length by repeating the input's last item (a tensor's last row),
+        so every process holds the same count, ready for `gather`; drop the repeats afterwards.
+        As in the peer library, padded tensors come back on this process's device. Dict values
+        must all have the same length; they are split alike into a new dict (the input is not
+        modified). A `datasets.Dataset` gets `select(indices)`; other objects are yielded
+        unchanged.
+
+        Raises:
+            ValueError: dict values of different lengths.
         """
         if self.num_processes == 1:
             yield inputs
             return
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding, self.device)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -293,21 +301,50 @@ class PartialState:
             print(*args, **kwargs)
 
 
-def _split(inputs: Any, n: int, index: int, apply_padding: bool) -> Any:
+def _split(inputs: Any, n: int, index: int, apply_padding: bool, device: torch.device) -> Any:
     if isinstance(inputs, dict):
         lengths = {len(v) for v in inputs.values()}
         if len(lengths) > 1:
-            raise ValueError("split_between_processes needs every value of the dict to have the same length.")
-        return {k: _split(v, n, index, apply_padding) for k, v in inputs.items()}
-    length = len(inputs)
+            raise ValueError(
+                "All values in the dictionary must have the same length: `split_between_processes` gives each "
+                f"process the same slice of every value (lengths found: {sorted(lengths)})."
+            )
+        length = lengths.pop() if lengths else 0
+    else:
+        length = len(inputs)
     per, extra = divmod(length, n)
     start = index * per + min(index, extra)
     end = start + per + (1 if index < extra else 0)
-    share = inputs[start:end]
-    if apply_padding and extra and index >= extra and length >= n:
-        last = inputs[end - 1 : end]
-        share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + last
-    return share
+    # Every share padded to the longest one, computed here rather than gathered: each rank knows the split.
+    width = per + (1 if extra else 0) if apply_padding else None
+    return _share(inputs, start, end, width, device)
+
+
+def _share(value: Any, start: int, end: int, width: int | None, device: torch.device) -> Any:
+    """`value[start:end]`, then (when `width` is given) its input's last item repeated up to `width` items."""
+    if isinstance(value, dict):
+        return {k: _share(v, start, end, width, device) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        share = value[start:end]
+        if width is None:
+            return share
+        share = share.to(device)
+        if share.shape[0] < width:
+            last = value[-1:].to(device).expand(width - share.shape[0], *value.shape[1:])
+            share = torch.cat([share, last])
+        return share
+    if isinstance(value, (list, tuple)):
+        share = value[start:end]
+        if width is not None and len(share) < width:
+            share = share + type(share)([value[-1]] * (width - len(share)))
+        return share
+    if type(value).__module__.split(".")[0] == "datasets" and hasattr(value, "select"):
+        # A Hugging Face `datasets.Dataset`, matched by module so that `datasets` is never imported here.
+        indices = list(range(min(start, len(value)), min(end, len(value))))
+        if width is not None:
+            indices += [len(value) - 1] * (width - len(indices))
+        return value.select(indices)
+    return value
 
 
 class AcceleratorState:
