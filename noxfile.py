@@ -3,6 +3,7 @@
     nox                      # the whole test suite (what CI runs)
     nox -s quickstart        # train the example on 2 processes
     nox -s bench             # step-time and import-cost benchmarks (not part of the suite)
+    nox -s build             # wheels and sdists of every package, installed and tested from dist/
     nox -s "tests(package='accel-base')"
 
 The default sessions run on the local torch pin; sessions for vendor stacks that pin their
@@ -11,6 +12,7 @@ own torch get their own virtualenv.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import nox
@@ -20,7 +22,17 @@ TORCH = "torch==2.13.0"
 LINE_LENGTH = "120"
 PYTHON = "3.11"
 
-nox.options.sessions = ["lint", "typecheck", "tests", "deepspeed", "integration", "hardware_ci", "docs", "quickstart"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "deepspeed",
+    "integration",
+    "hardware_ci",
+    "docs",
+    "quickstart",
+    "build",
+]
 nox.options.error_on_missing_interpreters = True
 
 BASE = "packages/accel-base"
@@ -138,6 +150,47 @@ def hardware_ci(session: nox.Session) -> None:
     install_base(session)
     session.install("pytest", "pytest-timeout")
     session.run("bash", "hardware_ci/run.sh", "cpu", env={"ACCEL_HW_NO_INSTALL": "1"})
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Sdists and wheels of every package, checked, installed together from dist/ into a fresh
+    virtualenv (no source tree, no editable install) that runs `accel env` and `accel test`;
+    then the README's install from a clone."""
+    session.install("build", "twine")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for package in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(dist), f"packages/{package}")
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
+    # One version everywhere, and every adapter's accel-base range admits exactly its minor.
+    session.run("python", ".github/scripts/check_dists.py", str(dist))
+
+    tmp = Path(session.create_tmp()).resolve()
+    venv = tmp / "wheels"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    python, accel = str(venv / "bin" / "python"), str(venv / "bin" / "accel")
+    # Only the fresh virtualenv: nox's own (with its editable installs) stays off PATH.
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "PYTHONPATH": ""}
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    session.run(*pip, "--find-links", str(dist), TORCH, *PACKAGES, env=env, external=True)
+    installed = (
+        "import accel, importlib.metadata as m, sys; "
+        "assert accel.__file__.startswith(sys.prefix), f'accel imported from {accel.__file__}, not the virtualenv'; "
+        "assert accel.__version__ == m.version('accel-base'), 'accel.__version__ differs from the metadata'; "
+        "print('accel', accel.__version__, 'from', accel.__file__)"
+    )
+    with session.chdir(tmp):  # the empty folder: no source tree on sys.path
+        session.run(python, "-c", installed, env=env, external=True)
+        session.run(accel, "env", env=env, external=True)
+        session.run(accel, "test", env=env, external=True)
+    # The README's install from a clone: both folders in one command, accel-base first.
+    session.run(python, "-m", "pip", "uninstall", "--quiet", "-y", *PACKAGES, env=env, external=True)
+    session.run(*pip, "./packages/accel-base", "./packages/accel-cuda", env=env, external=True)
+    with session.chdir(tmp):
+        session.run(python, "-c", installed, env=env, external=True)
+        session.run(accel, "env", env=env, external=True)
 
 
 @nox.session(python=PYTHON)
