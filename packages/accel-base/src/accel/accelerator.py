@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .accelerate_env import launch_defaults
 from . import checkpoint as ckpt
 from . import ops
 from .adapter import Adapter
@@ -105,6 +106,11 @@ class Accelerator:
         strategy_config: Any = None,
         even_batches: bool | None = None,
     ) -> None:
+        # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
+        plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
+        strategy, strategy_config, dynamo_plugin = launch_defaults(
+            strategy, strategy_config, any(p is not None for p in plugins), dynamo_backend, dynamo_plugin
+        )
         handlers = _sort_handlers(kwargs_handlers or [])
         self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)
         self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)

@@ -11,6 +11,10 @@ class AdapterNotFoundError(AccelError, ValueError):
     """No installed adapter (or strategy) has the requested name, or it failed to load."""
 
 
+class StrategyNotFoundError(AdapterNotFoundError):
+    """No installed strategy has the requested name, or it failed to load."""
+
+
 class AdapterUnavailableError(AccelError, RuntimeError):
     """The requested adapter is installed but its hardware is not present."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapter import ADAPTER_API_VERSION, Adapter, Availability
-from .errors import AdapterNotFoundError, AdapterUnavailableError
+from .errors import AdapterNotFoundError, AdapterUnavailableError, StrategyNotFoundError
 
 ADAPTER_GROUP = "accel.adapters"
 STRATEGY_GROUP = "accel.strategies"
@@ -161,9 +161,9 @@ def get_strategy_class(name: str) -> type[Any]:
     rec = strategy_records().get(name)
     if rec is None:
         names = ", ".join(sorted(n for n, r in strategy_records().items() if r.ok))
-        raise AdapterNotFoundError(f"No accel strategy named {name!r}. Installed strategies: {names}.")
+        raise StrategyNotFoundError(f"No accel strategy named {name!r}. Installed strategies: {names}.")
     if not rec.ok:
-        raise AdapterNotFoundError(f"The accel strategy {name!r} ({rec.distribution}) failed to load: {rec.error}")
+        raise StrategyNotFoundError(f"The accel strategy {name!r} ({rec.distribution}) failed to load: {rec.error}")
     return rec.loaded
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from .accelerate_env import apply_accelerate_env
 from .adapter import Adapter
 from .errors import DistributedSetupError
 from .kwargs import InitProcessGroupKwargs
@@ -93,6 +94,7 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
+        apply_accelerate_env()  # a script under `accelerate launch`: its ACCELERATE_* settings, as accel's
         init_kwargs = init_kwargs or kwargs.pop("init_process_group_kwargs", None) or InitProcessGroupKwargs()
         emulate = _env_flag("ACCEL_EMULATE") if emulate is None else emulate
         requested = "cpu" if cpu or _env_flag("ACCEL_USE_CPU") else (adapter or os.environ.get("ACCEL_ADAPTER") or None)

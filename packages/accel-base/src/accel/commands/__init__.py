@@ -1,0 +1,39 @@
+"""The `accel` subcommands, one module each; `accel.cli` dispatches to them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+from ..errors import AccelError
+
+
+class UsageError(AccelError, ValueError):
+    """The command line asks for something impossible; the CLI prints it in one line and exits 2."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are two short lines (not the full usage) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments"):
+            message += (
+                ". Flags for one vendor's hardware come with its accel adapter package (`accel env` lists"
+                " the installed ones)"
+            )
+        sys.stderr.write(f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every flag)\n")
+        sys.exit(2)
+
+
+def spellings(name: str) -> list[str]:
+    """`--kebab-case` and `--snake_case` spellings of one flag (the first is shown in help)."""
+    kebab, snake = "--" + name.replace("_", "-"), "--" + name.replace("-", "_")
+    return [kebab] if kebab == snake else [kebab, snake]
+
+
+def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwargs: object) -> argparse.Action:
+    """Add a flag under both spellings of `name` and of each alias; `dest` defaults to `name`."""
+    options = [opt for n in (name, *aliases) for opt in spellings(n)]
+    kwargs.setdefault("dest", name.replace("-", "_"))
+    return group.add_argument(*options, **kwargs)  # type: ignore[arg-type]

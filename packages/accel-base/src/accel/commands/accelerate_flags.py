@@ -1,0 +1,183 @@
+"""`accelerate launch`'s flags in `accel launch`: accepted with their meaning, or refused with what to use.
+
+Flags accel shares with `accelerate launch` under the same name (`--num_processes`,
+`--mixed_precision`, `--main_process_port`, ...) are declared in `launch.py`. This module
+adds the rest: the DeepSpeed and FSDP families (mapped onto `DeepSpeedPlugin` and
+`FSDPConfig` through `accel.accelerate_settings`), the strategy switches, dynamo options,
+and flags accel refuses with a one-line reason. Every flag takes both spellings.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import add_flag
+
+DEEPSPEED_FLAGS = (
+    "deepspeed_config_file",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+    "gradient_clipping",
+    "zero3_init_flag",
+    "zero3_save_16bit_model",
+    "deepspeed_hostfile",
+    "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter",
+    "deepspeed_multinode_launcher",
+    "deepspeed_moe_layer_cls_names",
+)
+FSDP_FLAGS = (
+    "fsdp_version",
+    "fsdp_offload_params",
+    "fsdp_min_num_params",
+    "fsdp_sharding_strategy",
+    "fsdp_reshard_after_forward",
+    "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_backward_prefetch",
+    "fsdp_state_dict_type",
+    "fsdp_forward_prefetch",
+    "fsdp_use_orig_params",
+    "fsdp_cpu_ram_efficient_loading",
+    "fsdp_sync_module_states",
+    "fsdp_activation_checkpointing",
+    "fsdp_activation_checkpointing_offload",
+)
+DYNAMO_FLAGS = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+
+MEGATRON_FLAGS = tuple(
+    f"megatron_lm_{name}"
+    for name in (
+        "tp_degree",
+        "pp_degree",
+        "num_micro_batches",
+        "sequence_parallelism",
+        "recompute_activations",
+        "use_distributed_optimizer",
+        "gradient_clipping",
+        "use_custom_fsdp",
+        "no_load_optim",
+        "no_save_optim",
+        "eod_mask_loss",
+        "overlap_cpu_optimizer_d2h_h2d",
+        "optimizer_cpu_offload",
+        "use_precision_aware_optimizer",
+        "decoder_last_pipeline_num_layers",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "attention_backend",
+        "expert_model_parallel_size",
+        "context_parallel_size",
+        "attention_dropout",
+        "hidden_dropout",
+        "attention_softmax_in_fp32",
+        "expert_tensor_parallel_size",
+        "calculate_per_token_loss",
+        "use_rotary_position_embeddings",
+    )
+)
+
+_PODS = "Accelerate's pod launcher is not supported: run `accel launch --nnodes N` on each host"
+_FP8 = "choose the fp8 recipe in the script (accel's fp8 kwargs handlers) or with your adapter's flags"
+_MESH = "build the device mesh in the script (docs/parallelism.md)"
+# Accelerate flag -> (takes a value, what to use instead). Flags named after one vendor's
+# hardware are not listed: the core names no vendor, and the adapter for that hardware
+# declares them (an unknown flag's error says so).
+REFUSED: dict[str, tuple[bool, str]] = {
+    "vm": (True, _PODS),
+    "env": (True, _PODS),
+    "main_training_function": (True, _PODS),
+    "downcast_bf16": (False, _PODS),
+    "gpu_ids": (True, "make only those devices visible with your hardware's visible-devices variable"),
+    "enable_cpu_affinity": (False, "bind the processes with numactl or taskset around `accel launch`"),
+    "aws_access_key_id": (True, "SageMaker launches are not supported"),
+    "aws_secret_access_key": (True, "SageMaker launches are not supported"),
+    "mpirun_hostfile": (True, "run `mpirun -np N python train.py` yourself: accel reads MPI ranks (docs/launching.md)"),
+    "use_parallelism_config": (False, _MESH),
+    **{
+        f"parallelism_config_{name}": (True, _MESH)
+        for name in (
+            "dp_replicate_size",
+            "dp_shard_size",
+            "tp_size",
+            "cp_size",
+            "cp_backend",
+            "cp_comm_strategy",
+            "sp_size",
+            "sp_backend",
+            "sp_seq_length",
+            "sp_seq_length_is_variable",
+            "sp_attn_implementation",
+        )
+    },
+    **{
+        f"fp8_{name}": (name != "use_autocast_during_eval", _FP8)
+        for name in (
+            "backend",
+            "use_autocast_during_eval",
+            "margin",
+            "interval",
+            "format",
+            "amax_history_len",
+            "amax_compute_algo",
+            "override_linear_precision",
+            "opt_level",
+            "enable_fsdp_float8_all_gather",
+            "pad_inner_dim",
+        )
+    },
+}
+
+
+class _Refuse(argparse.Action):
+    """A flag accel does not support: the parser stops with the reason and what to use."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.error(f"{option} (an `accelerate launch` flag) is not supported by accel launch: {self.help}")
+
+
+def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every `accelerate launch` flag that `launch.py` does not declare itself."""
+    g = parser.add_argument_group("accelerate launch compatibility (same meaning as in `accelerate launch`)")
+    add_flag(g, "multi_gpu", action="store_true", help="accepted: several processes are the default on devices")
+    add_flag(g, "same_network", action="store_true", help="accepted: no effect (torchrun's rendezvous)")
+    add_flag(g, "use_deepspeed", action="store_true", help="the deepspeed strategy (--strategy deepspeed)")
+    add_flag(g, "use_fsdp", action="store_true", help="the fsdp2 strategy (--strategy fsdp2)")
+    add_flag(g, "use_megatron_lm", action="store_true", help="the megatron strategy (accel-megatron)")
+    add_flag(g, "dynamo_mode", choices=["default", "reduce-overhead", "max-autotune"], default=None)
+    for name in DYNAMO_FLAGS[1:]:
+        add_flag(g, name, action="store_true", default=None)
+
+    ds = parser.add_argument_group("DeepSpeed (with --use_deepspeed; fields of accel.DeepSpeedPlugin)")
+    for name in DEEPSPEED_FLAGS:
+        add_flag(ds, name, default=None, metavar="VALUE")
+    fsdp = parser.add_argument_group("FSDP (with --use_fsdp; fields of accel.FSDPConfig)")
+    for name in FSDP_FLAGS:
+        add_flag(fsdp, name, default=None, metavar="VALUE")
+    megatron = parser.add_argument_group(
+        "Megatron-LM (with --use_megatron_lm; fields of accel_megatron.MegatronPlugin)"
+    )
+    for name in MEGATRON_FLAGS:
+        add_flag(megatron, name, default=None, metavar="VALUE")
+
+    refused = parser.add_argument_group("refused `accelerate launch` flags (each says what to use instead)")
+    for name, (takes_value, instead) in REFUSED.items():
+        add_flag(
+            refused,
+            name,
+            action=_Refuse,
+            nargs=None if takes_value else 0,
+            dest=f"refused_{name}",
+            default=argparse.SUPPRESS,
+            help=instead,
+        )
+
+
+def given(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    """The flags among `names` that were given on the command line, with their values."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}

@@ -1,0 +1,178 @@
+"""`accel config`: write, show and update accel's config file; read any config file for `accel launch`.
+
+accel config                 questions on a terminal (flags answer them; no terminal: defaults)
+accel config default         write the defaults without asking (like `accelerate config default`)
+accel config show            the file `accel launch` would read, validated
+accel config update --KEY V  change keys of an existing accel config file
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..accelerate_config import accelerate_launch_defaults
+from ..config_file import (
+    AccelConfig,
+    ConfigError,
+    default_config_path,
+    field_docs,
+    is_accelerate_file,
+    load_accel_config,
+    read_yaml,
+    save_accel_config,
+)
+from . import CliParser, UsageError, add_flag
+
+ACTIONS = ("default", "show", "update")
+
+
+def _kind(f: dataclasses.Field[Any]) -> str:
+    return str(f.type).split(" |")[0]
+
+
+def _parse_value(kind: str, text: str) -> Any:
+    if text.lower() in ("none", "null") and kind != "str":
+        return None
+    if kind == "bool":
+        if text.lower() in ("1", "true", "yes", "y", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "n", "off"):
+            return False
+        raise ValueError("expected yes or no")
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    if kind.startswith("dict"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON object")
+        return value
+    return text or None
+
+
+def config_parser(prog: str = "accel config") -> argparse.ArgumentParser:
+    """The `accel config` parser: an optional action and one flag per config key."""
+    p = CliParser(prog=prog, description="Write, show or update accel's config file.")
+    p.add_argument("action", nargs="?", choices=ACTIONS, help="default, show or update (none: ask questions)")
+    add_flag(p, "config-file", default=None, help=f"the file (default: ACCEL_CONFIG_FILE, else {_shown_default()})")
+    p.add_argument("--force", action="store_true", help="`default`: overwrite an existing file")
+    keys = p.add_argument_group("keys (each a field of accel.config_file.AccelConfig)")
+    for f in dataclasses.fields(AccelConfig):
+        add_flag(keys, f.name, default=None, metavar=_kind(f).split("[")[0].upper(), help=field_docs().get(f.name))
+    return p
+
+
+def _shown_default() -> str:
+    return "~/.cache/accel/default_config.yaml"
+
+
+def _given(ns: argparse.Namespace) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(AccelConfig):
+        text = getattr(ns, f.name)
+        if text is None:
+            continue
+        try:
+            out[f.name] = _parse_value(_kind(f), text)
+        except ValueError as exc:
+            raise UsageError(f"--{f.name.replace('_', '-')}: {exc} (got {text!r})") from None
+    return out
+
+
+def _ask(config: AccelConfig, skip: set[str]) -> AccelConfig:
+    """Plain prompts, one per key; Enter keeps the value shown in brackets."""
+    values = dataclasses.asdict(config)
+    for f in dataclasses.fields(AccelConfig):
+        if f.name in skip:
+            continue
+        current = values[f.name]
+        shown = json.dumps(current) if isinstance(current, dict) else current
+        while True:
+            answer = input(f"{field_docs().get(f.name, f.name)}\n  {f.name} [{shown}]: ").strip()
+            if not answer:
+                break
+            try:
+                values[f.name] = _parse_value(_kind(f), answer)
+                break
+            except ValueError as exc:
+                print(f"  {exc}; try again", file=sys.stderr)
+    return AccelConfig(**values)
+
+
+def config_command(argv: Sequence[str]) -> int:
+    """Run `accel config ARGV`; the exit code."""
+    ns = config_parser().parse_args(list(argv))
+    path = Path(ns.config_file).expanduser() if ns.config_file else default_config_path()
+    given = _given(ns)
+    if ns.action == "show":
+        print(show(path))
+        return 0
+    if ns.action == "update":
+        if not path.is_file():
+            raise UsageError(f"no config file at {path}: write one with `accel config` or `accel config default`")
+        data, _ = read_yaml(path)
+        if is_accelerate_file(data):
+            raise UsageError(f"{path} is Accelerate's; `accel launch --config_file {path}` reads it as it is")
+        config = dataclasses.replace(load_accel_config(path), **given)
+    elif ns.action == "default":
+        if path.exists() and not ns.force:
+            print(f"accel config: {path} exists; not overwritten (use `accel config update`, or --force)")
+            return 1
+        config = AccelConfig(**given)
+    else:
+        config = AccelConfig(**given)
+        if sys.stdin.isatty():
+            config = _ask(config, skip=set(given))
+    save_accel_config(config, path)
+    print(f"accel config saved at {path}")
+    return 0
+
+
+def show(path: Path) -> str:
+    """The file at `path` and what `accel launch` takes from it, or why it is unusable."""
+    if not path.is_file():
+        return f"no config file at {path} (accel launch uses its built-in defaults)"
+    data, lines = read_yaml(path)
+    if is_accelerate_file(data):
+        values, notes = accelerate_launch_defaults(data, lines)
+        kind = "Accelerate config file"
+    else:
+        values, notes = load_accel_config(path).to_launch_defaults(), []
+        kind = "accel config file"
+    out = [f"{kind}: {path}", "accel launch takes:"]
+    out += [f"  {key}: {json.dumps(value)}" for key, value in sorted(values.items())]
+    out += [f"note: {note}" for note in notes]
+    return "\n".join(out)
+
+
+def launch_defaults_from_file(config_file: str | None) -> dict[str, Any]:
+    """`accel launch` defaults from `config_file`, else `ACCEL_CONFIG_FILE`, else accel's default file.
+
+    Raises:
+        ConfigError: the file is missing (when named), unreadable, or has a key accel refuses.
+    """
+    if config_file:
+        path = Path(config_file).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"the config file {path} does not exist")
+    else:
+        path = default_config_path()
+        if not path.is_file():
+            if os.environ.get("ACCEL_CONFIG_FILE"):
+                raise ConfigError(f"ACCEL_CONFIG_FILE={path} does not exist; unset it or write it with `accel config`")
+            return {}
+    data, lines = read_yaml(path)
+    if not is_accelerate_file(data):
+        return load_accel_config(path).to_launch_defaults()
+    values, notes = accelerate_launch_defaults(data, lines)
+    for note in notes:
+        print(f"accel launch: {path}: {note}", file=sys.stderr)
+    return values

@@ -1,0 +1,124 @@
+"""A script run under `accelerate launch` trains as asked: its ACCELERATE_* variables become accel's.
+
+The variable sets are what Accelerate 1.15.0's launcher gives a worker (fixtures/accelerate).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from accel import accelerate_env
+from accel.accelerate_env import apply_accelerate_env, launch_defaults
+from accel.accelerate_settings import SettingError
+from accel.strategies.fsdp import FSDPConfig
+
+FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
+
+
+def fixture_env(name: str) -> dict[str, str]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warning_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accelerate_env, "_warned", False)
+    for name in list(__import__("os").environ):
+        if name.startswith(("ACCEL_", "ACCELERATE_", "FSDP_", "MEGATRON_LM_")):
+            monkeypatch.delenv(name)
+
+
+def test_precision_dynamo_and_debug_from_accelerate_launch() -> None:
+    env = fixture_env("launch_env_multi_bf16_dynamo.json")
+    assert apply_accelerate_env(env) == []
+    assert env["ACCEL_MIXED_PRECISION"] == "bf16"
+    assert env["ACCEL_DYNAMO_BACKEND"] == "inductor"
+    assert env["ACCEL_DYNAMO_MODE"] == "max-autotune"
+    assert env["ACCEL_DYNAMO_USE_FULLGRAPH"] == "true"
+    assert env["ACCEL_DEBUG_MODE"] == "1"
+    assert "ACCEL_USE_CPU" not in env  # ACCELERATE_USE_CPU=False asks for nothing
+
+
+def test_fsdp_selection_and_config_from_accelerate_launch() -> None:
+    env = fixture_env("launch_env_fsdp.json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_accelerate_env(env)
+    assert env["ACCEL_STRATEGY"] == "fsdp2"
+    assert env["ACCEL_MIXED_PRECISION"] == "fp16"
+    config = FSDPConfig(**json.loads(env["ACCEL_STRATEGY_CONFIG"]))
+    assert (config.cpu_offload, config.reshard_after_forward, config.state_dict_type) == (
+        True,
+        False,
+        "SHARDED_STATE_DICT",
+    )
+    assert (config.auto_wrap_policy, config.min_num_params) == ("size_based_wrap", 1000)
+    # What accel does not do is said, not dropped.
+    assert any("fsdp_sync_module_states" in str(w.message) for w in caught)
+
+
+def test_deepspeed_selection_and_plugin_fields() -> None:
+    env = fixture_env("launch_env_deepspeed.json")
+    apply_accelerate_env(env)
+    assert env["ACCEL_STRATEGY"] == "deepspeed"
+    assert env["ACCEL_GRADIENT_ACCUMULATION_STEPS"] == "4"
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {
+        "offload_optimizer_device": "cpu",
+        "zero3_init_flag": False,
+        "zero_stage": 2,
+        "gradient_clipping": 1.0,
+    }
+
+
+def test_accel_variables_win_over_accelerate_ones() -> None:
+    env = {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCEL_MIXED_PRECISION": "bf16"}
+    apply_accelerate_env(env)
+    assert env["ACCEL_MIXED_PRECISION"] == "bf16"
+
+
+def test_unhonoured_variables_are_named_in_one_warning() -> None:
+    env = {"ACCELERATE_FP8_BACKEND": "te", "MEGATRON_LM_TP_DEGREE": "2", "ACCELERATE_USE_SAGEMAKER": "false"}
+    with pytest.warns(UserWarning, match=r"ACCELERATE_FP8_BACKEND, MEGATRON_LM_TP_DEGREE\. See docs/launching") as w:
+        assert apply_accelerate_env(env) == ["ACCELERATE_FP8_BACKEND", "MEGATRON_LM_TP_DEGREE"]
+    assert len(w) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_accelerate_env(dict(env))  # once per process
+
+
+def test_fsdp1_sharding_accel_cannot_do_names_the_variable() -> None:
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"}
+    with pytest.raises(SettingError, match=r"FSDP_SHARDING_STRATEGY: hybrid sharding"):
+        apply_accelerate_env(env)
+
+
+def test_launch_defaults_build_the_strategy_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in fixture_env("launch_env_fsdp.json").items():
+        monkeypatch.setenv(key, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        strategy, config, dynamo = launch_defaults(None, None, False, None, None)
+    assert strategy is None  # the Accelerator reads ACCEL_STRATEGY itself
+    assert isinstance(config, FSDPConfig) and config.cpu_offload is True
+    assert dynamo is not None and dynamo.backend == "no"
+    # A config the script passes wins.
+    mine = FSDPConfig()
+    assert launch_defaults(None, mine, False, None, None)[1] is mine
+
+
+def test_script_under_accelerate_variables_trains_as_asked(tmp_path: Path) -> None:
+    """The issue's case: a script started by `accelerate launch --mixed_precision bf16 --dynamo_backend ...`."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json\nfrom accel import Accelerator\nacc = Accelerator()\n"
+        "print(json.dumps([acc.mixed_precision, acc.state.dynamo_plugin.backend, acc.state.debug]))\n"
+    )
+    env = {**fixture_env("launch_env_multi_bf16_dynamo.json"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == ["bf16", "inductor", True]
