@@ -3,7 +3,8 @@
 `checkpoint` (one process): `save_state`/`load_state` of a model and its AdamW state
 against `safetensors.torch.save_file`/`load_file` of the same tensors in one file (the
 load timed both lazily mapped and read into memory, which a restore has to do), rounds
-alternating so load drift hits both alike. `loader` (launched on 2 processes): one epoch
+alternating so load drift hits both alike, and `load_state` of the same checkpoint without its
+recorded hashes, which prices the SHA-256 verification. `loader` (launched on 2 processes): one epoch
 of a prepared loader (sharded, and with `dispatch_batches`) against a plain `DataLoader`
 with `DistributedSampler`, same dataset, batch size and shuffling. Writes medians to JSON.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accel import Accelerator, DataLoaderConfiguration
+from accel.checkpoint import MANIFEST
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -41,7 +44,8 @@ def checkpoint(args: argparse.Namespace) -> dict[str, float]:
                 tensors[f"opt.{pid}.{key}"] = value.clone()
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     times: dict[str, list[float]] = {
-        name: [] for name in ("plain_save", "accel_save", "plain_load_lazy", "plain_load", "accel_load")
+        name: []
+        for name in ("plain_save", "accel_save", "plain_load_lazy", "plain_load", "accel_load", "accel_load_unverified")
     }
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         plain, ours = Path(tmp) / "plain.safetensors", Path(tmp) / "ckpt"
@@ -63,9 +67,24 @@ def checkpoint(args: argparse.Namespace) -> dict[str, float]:
             t0 = time.perf_counter()
             accelerator.load_state(ours)
             times["accel_load"].append(time.perf_counter() - t0)
+            # The same checkpoint without recorded hashes (as written before they existed): the
+            # difference is what verifying every file's SHA-256 costs.
+            unverified = _without_hashes(ours, Path(tmp) / "unverified")
+            t0 = time.perf_counter()
+            accelerator.load_state(unverified)
+            times["accel_load_unverified"].append(time.perf_counter() - t0)
     out = {name: statistics.median(ts) for name, ts in times.items()}
     out["megabytes"] = nbytes / 1e6
     return out
+
+
+def _without_hashes(checkpoint: Path, target: Path) -> Path:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(checkpoint, target)
+    manifest = json.loads((target / MANIFEST).read_text())
+    manifest.pop("sha256", None)
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    return target
 
 
 def loader(args: argparse.Namespace) -> dict[str, float]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from accel import Accelerator, ProjectConfiguration
 from accel.checkpoint import MANIFEST, TMP_SUFFIX, list_checkpoints
+from accel.checkpoint_layout import STAGING
 from accel.errors import CheckpointError
 from accel.state import AcceleratorState, GradientState
 from conftest import launch
@@ -94,9 +95,10 @@ def test_latest_is_numeric_and_complete(tmp_path: Path) -> None:
     expected = _weights(model)
     accelerator.save_state()  # checkpoint_10: newer, though "checkpoint_9" sorts after it as text
     root = tmp_path / "checkpoints"
-    # Debris of crashed saves: a directory without manifest and a temporary one.
-    (root / "checkpoint_11").mkdir()
-    (root / "checkpoint_11" / "model.safetensors").write_bytes(b"half")
+    # Debris of crashed saves: a half-written staging directory (what a kill leaves now) and a
+    # temporary sibling (what releases before in-place saves left).
+    (root / "checkpoint_11" / STAGING).mkdir(parents=True)
+    (root / "checkpoint_11" / STAGING / "model.safetensors").write_bytes(b"half")
     (root / f"checkpoint_12{TMP_SUFFIX}").mkdir()
     assert _names(tmp_path) == ["checkpoint_9", "checkpoint_10"]
 
@@ -108,6 +110,9 @@ def test_latest_is_numeric_and_complete(tmp_path: Path) -> None:
     # The incomplete checkpoint_11 is not mistaken for a finished one: it is replaced.
     assert accelerator.save_state() == str(root / "checkpoint_11")
     assert (root / "checkpoint_11" / MANIFEST).is_file()
+    assert sorted(p.name for p in (root / "checkpoint_11").iterdir()) == sorted(
+        [MANIFEST, "model.safetensors", "optimizer.bin", "dataloaders.json", "random_states_0.pt"]
+    )
 
 
 def test_load_without_any_checkpoint(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_optimizer_state_goes_through_the_host_when_the_adapter_asks(
     monkeypatch.setattr(
         ckpt,
         "load_torch",
-        lambda path, map_location="cpu": locations.append(map_location) or real_load(path, map_location),
+        lambda path, map_location="cpu", **kw: locations.append(map_location) or real_load(path, map_location, **kw),
     )
     acc.load_state(tmp_path / "c")
     # The optimizer file is the first one read with a location of its own.

@@ -9,13 +9,16 @@ previous checkpoint must still load and hold exactly what was saved.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
 from accel import Accelerator, ProjectConfiguration
-from accel.checkpoint import MANIFEST, TMP_SUFFIX, list_checkpoints
+from accel.checkpoint import MANIFEST, list_checkpoints
+from accel.checkpoint_layout import STAGING
 from accel.errors import CheckpointError, UnsafeCheckpointError
 from conftest import launch
 
@@ -41,6 +44,13 @@ class Payload:
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (open, (str(self.marker), "w"))
+
+
+def _forge_hash(directory: Path, name: str) -> None:
+    """Record `name`'s current hash in the manifest: an attacker who rewrites a file can rewrite that too."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["sha256"][name] = hashlib.sha256((directory / name).read_bytes()).hexdigest()
+    (directory / MANIFEST).write_text(json.dumps(manifest))
 
 
 def _trained(seed: int = 0) -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer, Box]:
@@ -72,6 +82,12 @@ def test_pickle_payload_is_refused_and_never_runs(checkpoint: tuple[Accelerator,
     torch.load(directory / victim, weights_only=False)
     assert marker.exists()
     marker.unlink()
+    # The recorded hash alone refuses it...
+    with pytest.raises(CheckpointError, match=rf"{victim} does not match the SHA-256 recorded") as info:
+        accelerator.load_state(directory)
+    assert not marker.exists()
+    # ...and with a forged manifest, the weights-only loader still refuses it.
+    _forge_hash(directory, victim)
 
     with pytest.raises(UnsafeCheckpointError, match=rf"Refusing to load .*{victim}.*Nothing in it was run") as info:
         accelerator.load_state(directory)
@@ -87,6 +103,7 @@ def test_raw_pickle_payload_is_refused_and_never_runs(
     accelerator, directory = checkpoint
     marker = tmp_path / "payload-ran"
     (directory / "optimizer.bin").write_bytes(pickle.dumps({"state": Payload(marker)}, protocol=protocol))
+    _forge_hash(directory, "optimizer.bin")
     with pytest.raises(CheckpointError, match=r"optimizer\.bin"):
         accelerator.load_state(directory)
     assert not marker.exists()
@@ -98,6 +115,7 @@ def test_pickle_payload_in_bin_weights_is_refused(tmp_path: Path) -> None:
     assert (directory / "model.bin").is_file()
     marker = tmp_path / "payload-ran"
     torch.save({"weight": Payload(marker)}, directory / "model.bin")
+    _forge_hash(directory, "model.bin")
     with pytest.raises(UnsafeCheckpointError, match=r"model\.bin"):
         accelerator.load_state(directory)
     assert not marker.exists()
@@ -180,7 +198,7 @@ class Killer:
 def kill_rank_mid_save(rng_state):
     # Rank 1 writes only its RNG file; it dies there once rank 0 has written model and
     # optimizer files into the temporary directory.
-    tmp = project / "checkpoints" / "checkpoint_1.accel-tmp"
+    tmp = project / "checkpoints" / "checkpoint_1" / ".accel-staging"
     deadline = time.monotonic() + 60
     while not (tmp / "optimizer.bin").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -257,7 +275,7 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(write_script, tmp_path: Path
     expected = torch.load(project / "expected.pt", weights_only=True)
     root = project / "checkpoints"
     half_written = root / "checkpoint_1" if target == "auto" else manual
-    tmp = half_written.with_name(half_written.name + TMP_SUFFIX)
+    tmp = half_written / STAGING
     # The kill really came mid-save: the new checkpoint's files were already being written.
     assert (tmp / "model.safetensors").is_file() and (tmp / "optimizer.bin").is_file()
     assert not (tmp / MANIFEST).exists()
@@ -267,14 +285,14 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(write_script, tmp_path: Path
         _assert_equals_saved(model, opt, expected)
         return
     # Nothing load_state() would pick up is half-written; total_limit=1 did not prune A early.
-    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_0", "checkpoint_1" + TMP_SUFFIX]
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_0", "checkpoint_1"]
     assert [p.name for _, p in list_checkpoints(project)] == ["checkpoint_0"]
     accelerator, model, opt = _load_into_fresh(project, None)
     _assert_equals_saved(model, opt, expected)
     # The next save replaces the stale temporary directory and numbers on from A.
     assert Path(accelerator.save_state()) == root / "checkpoint_1"
     assert [p.name for _, p in list_checkpoints(project)] == ["checkpoint_1"]
-    assert not (root / ("checkpoint_1" + TMP_SUFFIX)).exists()
+    assert not (root / "checkpoint_1" / STAGING).exists()
 
 
 def test_crash_between_the_renames_of_an_overwrite_still_loads(tmp_path: Path) -> None:

@@ -788,10 +788,7 @@ class Accelerator:
                 raise CheckpointError(f"No complete checkpoint under {Path(cfg.project_dir) / 'checkpoints'}.")
             number, input_dir = found[-1]
         else:
-            number = None
-            m = ckpt._CHECKPOINT_RE.match(Path(input_dir).name)
-            if m:
-                number = int(m.group(1))
+            number = ckpt.checkpoint_number(input_dir)
         ckpt.load_state(self, input_dir, strict=strict)
         if cfg.automatic_checkpoint_naming and number is not None:
             # Continue numbering after the loaded checkpoint instead of colliding with it.

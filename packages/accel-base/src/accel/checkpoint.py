@@ -1,360 +1,366 @@
-"""Checkpoints that are safe to load and never half-written.
+"""`save_state` / `load_state`: checkpoints that are verified, never half-written, and never half-loaded.
 
-- Weights are safetensors. Everything else (optimizer, scheduler, scaler, RNG, custom
-  objects) is written with `torch.save` and read back with `torch.load(weights_only=True)`:
-  a file that would need arbitrary code to unpickle is refused (`UnsafeCheckpointError`)
-  and nothing in it runs.
-- `save_state` writes into `<dir>.accel-tmp`, and only when every rank has finished does
-  the main process write the manifest (`accel_checkpoint.json`) and rename the directory
-  into place. A crash mid-save leaves the previous checkpoint intact, and the temporary
-  directory is never picked up by `load_state()`.
-- Damaged files fail with a `CheckpointError` naming the file and what is wrong.
+- Files: see `accel.checkpoint_io` (safetensors weights, weights-only torch files, a SHA-256
+  per file recorded in the manifest and checked on load).
+- Layout and replacement: see `accel.checkpoint_layout` (a save replaces only the files accel
+  wrote; a kill at any instant leaves the old or the new checkpoint loadable).
+- Every rank agrees at each phase: a save or load that fails on one rank raises the same
+  `CheckpointError` on all of them instead of leaving the others waiting in a collective.
+  A failed save removes its staging directory; a failed load changes none of the live
+  objects, because everything is read and checked before anything is applied.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 import os
-import re
-import shutil
-from collections.abc import Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
-from .errors import CheckpointError, UnsafeCheckpointError
+from . import checkpoint_layout as layout
+from .checkpoint_io import (
+    hash_file,
+    load_json,
+    load_safetensors,
+    load_torch,
+    parse_size,
+    save_json,
+    save_safetensors,
+    save_torch,
+    write_model_files,
+    write_weights,
+)
+from .checkpoint_layout import (
+    MANIFEST,
+    OLD_SUFFIX,
+    TMP_SUFFIX,
+    checkpoint_number,
+    is_complete,
+    list_checkpoints,
+    prune,
+)
+from .checkpoint_validate import check_loader_states, check_mapping, check_model_state, check_optimizer_state
+from .errors import CheckpointError
 from .ops import send_to_device
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
 
-MANIFEST = "accel_checkpoint.json"
-TMP_SUFFIX = ".accel-tmp"
-OLD_SUFFIX = ".accel-old"
-FORMAT_VERSION = 1
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
-_CODE_MARKERS = ("Unsupported global", "unsupported GLOBAL", "Can only create new object", "Can only build")
+__all__ = [
+    "MANIFEST",
+    "OLD_SUFFIX",
+    "TMP_SUFFIX",
+    "checkpoint_number",
+    "is_complete",
+    "list_checkpoints",
+    "load_safetensors",
+    "load_state",
+    "load_torch",
+    "parse_size",
+    "prune",
+    "save_safetensors",
+    "save_state",
+    "save_torch",
+    "write_model_files",
+]
 
 
-# ---- single files ---------------------------------------------------------------------
-def _replace_into(path: Path, write: Any) -> None:
-    """Write through a temporary name in the same directory, then rename: all or nothing."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def save_torch(obj: Any, path: str | os.PathLike[str]) -> None:
-    """`torch.save`, atomically."""
-    _replace_into(Path(path), lambda p: torch.save(obj, p))
-
-
-def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
-    """`torch.load` restricted to tensors and plain containers.
-
-    Raises `UnsafeCheckpointError` for files that would execute code, and
-    `CheckpointError` (naming the file) for missing, truncated or corrupted ones.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint file {path} is missing.")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        text = str(exc)
-        # The weights-only unpickler also fails on plain damage ("Unsupported operand");
-        # only a refused global or object construction means the file wanted to run code.
-        if any(marker in text for marker in _CODE_MARKERS):
-            raise UnsafeCheckpointError(
-                f"Refusing to load {path}: it contains objects that can only be rebuilt by running code "
-                f"from the file (unrestricted pickle), which could execute anything. Nothing in it was run. "
-                f"Only load checkpoints you trust, and re-save them with accel. Details: {_reason(text)}"
-            ) from exc
-        raise CheckpointError(
-            f"Checkpoint file {path} could not be read ({type(exc).__name__}: {_reason(text)}); it is truncated or "
-            "corrupted, or was not written by torch.save. Load an earlier checkpoint."
-        ) from exc
-
-
-def _reason(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # torch's weights-only error buries the cause under generic advice; keep the cause.
-    cause = [line for line in lines if any(k in line for k in (*_CODE_MARKERS, "Unsupported operand"))]
-    return (cause or lines or [""])[0].replace("WeightsUnpickler error: ", "")
-
-
-def save_safetensors(
-    state_dict: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
-) -> None:
-    """Save tensors as safetensors, atomically. Tensors sharing memory (tied weights) are copied."""
-    _replace_into(
-        Path(path), lambda p: save_file(_detach_for_save(state_dict), str(p), metadata=metadata or {"format": "pt"})
-    )
-
-
-def load_safetensors(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, torch.Tensor]:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint file {path} is missing.")
-    try:
-        return load_file(str(path), device=device)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"Checkpoint file {path} is not valid safetensors ({exc}); it is truncated or corrupted."
-        ) from exc
-
-
-def _detach_for_save(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
-    for name, tensor in state_dict.items():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        t = tensor.detach().to("cpu")
-        key = (t.untyped_storage().data_ptr(), int(t.storage_offset())) if t.numel() else (id(t), 0)
-        # safetensors refuses tensors that share memory; a tied weight is saved as its own copy
-        # so the file loads strictly into a plain module.
-        t = t.clone() if key in seen else t.contiguous()
-        seen.add(key)
-        out[name] = t
-    return out
-
-
-# ---- save_model ---------------------------------------------------------------------------
-def parse_size(size: int | str) -> int:
-    """'10GB' / '500MB' / 1024 -> bytes."""
-    if isinstance(size, int):
-        return size
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*", size.upper())
-    if not m:
-        raise ValueError(f"max_shard_size must be an int or a string like '10GB', got {size!r}.")
-    units = {
-        "B": 1,
-        "KB": 10**3,
-        "MB": 10**6,
-        "GB": 10**9,
-        "TB": 10**12,
-        "KIB": 2**10,
-        "MIB": 2**20,
-        "GIB": 2**30,
-        "TIB": 2**40,
-    }
-    return int(float(m.group(1)) * units[m.group(2)])
-
-
-def write_model_files(
-    state_dict: dict[str, torch.Tensor],
-    save_directory: str | os.PathLike[str],
-    *,
-    max_shard_size: int | str = "10GB",
-    safe_serialization: bool = True,
-) -> list[Path]:
-    """Write a full state dict as `model.safetensors`, or shards plus `model.safetensors.index.json`."""
-    directory = Path(save_directory)
-    if directory.is_file():
-        raise ValueError(f"save_model needs a directory, but {directory} is a file.")
-    directory.mkdir(parents=True, exist_ok=True)
-    limit = parse_size(max_shard_size)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in state_dict.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += nbytes
-    ext = "safetensors" if safe_serialization else "bin"
-    written: list[Path] = []
-    if len(shards) == 1:
-        path = directory / f"model.{ext}"
-        _write_weights(shards[0], path, safe_serialization)
-        return [path]
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, start=1):
-        path = directory / f"model-{i:05d}-of-{len(shards):05d}.{ext}"
-        _write_weights(shard, path, safe_serialization)
-        weight_map.update({k: path.name for k in shard})
-        written.append(path)
-    index = {
-        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state_dict.values())},
-        "weight_map": weight_map,
-    }
-    index_path = directory / f"model.{ext}.index.json"
-    _replace_into(index_path, lambda p: p.write_text(json.dumps(index, indent=2)))
-    return [*written, index_path]
-
-
-def _write_weights(state_dict: dict[str, torch.Tensor], path: Path, safe: bool) -> None:
-    if safe:
-        save_safetensors(state_dict, path)
-    else:
-        save_torch(_detach_for_save(state_dict), path)
-
-
-# ---- save_state / load_state --------------------------------------------------------------
 def _name(kind: str, i: int, ext: str) -> str:
     return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
 
 
-def is_complete(directory: str | os.PathLike[str]) -> bool:
-    """Whether `directory` is a checkpoint that finished writing (its manifest exists)."""
-    return (Path(directory) / MANIFEST).is_file()
+# ---- agreement between ranks ----------------------------------------------------------------
+def _agree(accelerator: Accelerator, error: Exception | None, payload: Any = None) -> list[tuple[str | None, Any]]:
+    """Every rank's (error message or None, payload), on every rank."""
+    mine = (None if error is None else f"{type(error).__name__}: {error}", payload)
+    if not accelerator.use_distributed:
+        return [mine]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * accelerator.num_processes
+    dist.all_gather_object(out, mine)
+    return out
 
 
-def list_checkpoints(project_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """Complete automatic checkpoints under `<project_dir>/checkpoints`, oldest first."""
-    root = Path(project_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = _CHECKPOINT_RE.match(entry.name)
-        if m and entry.is_dir() and is_complete(entry):
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
+def _raise_if_failed(results: list[tuple[str | None, Any]], error: Exception | None, what: str) -> None:
+    if error is not None:
+        if isinstance(error, CheckpointError):
+            raise error
+        raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}") from error
+    failed = [(rank, msg) for rank, (msg, _) in enumerate(results) if msg is not None]
+    if failed:
+        rank, msg = failed[0]
+        raise CheckpointError(f"{what} failed on rank {rank}: {msg}")
 
 
+def _attempt(fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return fn(), None
+    except Exception as exc:  # reported to every rank by _agree, re-raised there
+        return None, exc
+
+
+# ---- save --------------------------------------------------------------------------------
 def save_state(
     accelerator: Accelerator, output_dir: str | os.PathLike[str], *, safe_serialization: bool = True
 ) -> Path:
-    """Write every prepared object's state to `output_dir`, atomically. Runs on all ranks."""
-    state = accelerator.state
+    """Write every prepared object's state to `output_dir`. Runs on all ranks.
+
+    Files in `output_dir` that accel did not write are kept; the previous checkpoint there is
+    replaced only once the new one is complete.
+
+    Raises:
+        CheckpointError: `output_dir` is a file, a write failed on any rank (disk full, read-only),
+            or a new file would overwrite one accel did not write. The previous checkpoint and the
+            user's files are intact, and no staging directory is left behind.
+    """
     final = Path(output_dir)
-    tmp = final.with_name(final.name + TMP_SUFFIX)
+    staging = final / layout.STAGING
     writer = accelerator.is_main_process or (
         accelerator.project_configuration.save_on_each_node and accelerator.is_local_main_process
     )
+    _, error = _attempt(lambda: layout.begin(final)) if writer else (None, None)
+    _raise_if_failed(_agree(accelerator, error), error, f"save_state({final})")
+
+    written, error = _attempt(lambda: _write_files(accelerator, staging, writer, safe_serialization))
+    results = _agree(accelerator, error, written)
+    if any(msg is not None for msg, _ in results) and writer:
+        _remove(staging)
+    _raise_if_failed(results, error, f"save_state({final})")
+
+    error = None
     if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
+        manifest = _manifest(accelerator, staging, [payload for _, payload in results])
+        _, error = _attempt(lambda: layout.seal(staging, final, manifest))
+        if error is not None:
+            _remove(staging)
+        else:
+            # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
+            # finished by the next save (layout.recover), so staging must stay.
+            _, error = _attempt(lambda: layout.commit(staging, final))
+    _raise_if_failed(_agree(accelerator, error), error, f"save_state({final})")
+    return final
 
+
+def _write_files(accelerator: Accelerator, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
+    """Write this rank's share; returns the names written and their hashes."""
     for hook in accelerator._save_state_pre_hooks.values():
-        hook(accelerator._models, [], str(tmp))
-
+        hook(accelerator._models, [], str(staging))
     # A sharding strategy writes models and optimizers its own way (None: the default files).
-    custom = accelerator.strategy.save_checkpoint_state(
-        accelerator, tmp, writer=writer, safe_serialization=safe_serialization
-    )
-    files: list[str] = list(custom or [])
-    for i, model in enumerate(accelerator._models if custom is None else []):
-        sd = accelerator.get_state_dict(model)
-        name = _name("model", i, "safetensors" if safe_serialization else "bin")
-        if writer:
-            _write_weights(sd, tmp / name, safe_serialization)
-        files.append(name)
-    on_host = state.adapter.checkpoint_on_host
+    custom = accelerator.strategy.save_checkpoint_state(accelerator, staging, writer=writer, safe_serialization=safe)
+    # Gathers (collectives) first, on every rank; then writes, on the writer only, so that a
+    # failed write cannot leave the other ranks waiting in a gather.
+    models = [] if custom is not None else [accelerator.get_state_dict(m) for m in accelerator._models]
+    on_host = accelerator.state.adapter.checkpoint_on_host
 
     def host(obj: Any) -> Any:
         return send_to_device(obj, torch.device("cpu")) if on_host else obj
 
-    for i, opt in enumerate(accelerator._optimizers if custom is None else []):
-        name = _name("optimizer", i, "bin")
-        if writer:
-            save_torch(host(opt.state_dict()), tmp / name)
-        files.append(name)
-    for i, sched in enumerate(accelerator._schedulers):
-        name = _name("scheduler", i, "bin")
-        if writer:
-            save_torch(sched.state_dict(), tmp / name)
-        files.append(name)
-    if accelerator.scaler is not None:
-        if writer:
-            save_torch(accelerator.scaler.state_dict(), tmp / "scaler.pt")
-        files.append("scaler.pt")
-    loaders = [dl.state_dict() for dl in accelerator._dataloaders]
+    hashes: dict[str, str] = {}
+    files: list[str] = list(custom or [])
     if writer:
-        _replace_into(tmp / "dataloaders.json", lambda p: p.write_text(json.dumps(loaders)))
-    files.append("dataloaders.json")
-    for i, obj in enumerate(accelerator._custom_objects):
-        name = f"custom_checkpoint_{i}.bin"
-        if writer:
-            save_torch(host(obj.state_dict()), tmp / name)
-        files.append(name)
+        for i, sd in enumerate(models):
+            name = _name("model", i, "safetensors" if safe else "bin")
+            hashes[name] = write_weights(sd, staging / name, safe)
+        optimizers = accelerator._optimizers if custom is None else []
+        for i, opt in enumerate(optimizers):
+            hashes[_name("optimizer", i, "bin")] = save_torch(
+                host(opt.state_dict()), staging / _name("optimizer", i, "bin")
+            )
+        for i, sched in enumerate(accelerator._schedulers):
+            hashes[_name("scheduler", i, "bin")] = save_torch(
+                sched.state_dict(), staging / _name("scheduler", i, "bin")
+            )
+        if accelerator.scaler is not None:
+            hashes["scaler.pt"] = save_torch(accelerator.scaler.state_dict(), staging / "scaler.pt")
+        loaders = [dl.state_dict() for dl in accelerator._dataloaders]
+        hashes["dataloaders.json"] = save_json(loaders, staging / "dataloaders.json")
+        for i, obj in enumerate(accelerator._custom_objects):
+            name = f"custom_checkpoint_{i}.bin"
+            hashes[name] = save_torch(host(obj.state_dict()), staging / name)
+        files += [n for n in hashes if n not in files]
     # Every rank's RNG: dropout and every other consumer must continue exactly per rank.
-    save_torch(state.adapter.get_rng_state(), tmp / f"random_states_{accelerator.process_index}.pt")
-
-    accelerator.wait_for_everyone()
-    if writer:
-        manifest = {
-            "format": FORMAT_VERSION,
-            "num_processes": accelerator.num_processes,
-            "step": accelerator.step,
-            "files": files,
-            "rng_files": [f"random_states_{r}.pt" for r in range(accelerator.num_processes)],
-        }
-        _replace_into(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
-        _swap_into_place(tmp, final)
-    accelerator.wait_for_everyone()
-    return final
+    rng = f"random_states_{accelerator.process_index}.pt"
+    hashes[rng] = save_torch(accelerator.state.adapter.get_rng_state(), staging / rng)
+    return {"files": files, "custom": list(custom or []), "hashes": hashes}
 
 
-def _swap_into_place(tmp: Path, final: Path) -> None:
-    old = final.with_name(final.name + OLD_SUFFIX)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+def _manifest(accelerator: Accelerator, staging: Path, shares: list[dict[str, Any]]) -> dict[str, Any]:
+    hashes: dict[str, str] = {}
+    files: list[str] = []
+    custom: list[str] = []
+    for share in shares:
+        hashes.update(share["hashes"])
+        files += [n for n in share["files"] if n not in files]
+        custom += [n for n in share["custom"] if n not in custom]
+    # Files a strategy wrote itself (sharded checkpoints: one per rank) are hashed here, once
+    # every rank has finished writing them.
+    for name in custom:
+        hashes.update(_hash_tree(staging, name))
+    return layout.new_manifest(
+        files,
+        [f"random_states_{r}.pt" for r in range(accelerator.num_processes)],
+        hashes,
+        num_processes=accelerator.num_processes,
+        step=accelerator.step,
+        strategy_files=custom,
+    )
 
 
+def _hash_tree(root: Path, name: str) -> dict[str, str]:
+    target = root / name
+    if target.is_file():
+        return {name: hash_file(target)}
+    return {path.relative_to(root).as_posix(): hash_file(path) for path in sorted(target.rglob("*")) if path.is_file()}
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- load --------------------------------------------------------------------------------
 def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str], *, strict: bool = True) -> dict[str, Any]:
-    """Restore what `save_state` wrote into the prepared objects. Returns the manifest."""
+    """Restore what `save_state` wrote into the prepared objects. Returns the manifest.
+
+    Everything is read, verified against the recorded hashes and checked against the live
+    objects before anything is applied, on every rank.
+
+    Raises:
+        CheckpointError: no complete checkpoint at `input_dir`, or any file is missing, damaged,
+            changed since saving or does not fit the prepared objects (naming the file). The
+            live model, optimizer and every other prepared object are then unchanged.
+        UnsafeCheckpointError: a file would execute code to load.
+    """
     directory = Path(input_dir)
-    old = directory.with_name(directory.name + OLD_SUFFIX)
-    if not directory.is_dir() and is_complete(old):
-        # A crash between the two renames of an overwrite (`_swap_into_place`): the previous
-        # checkpoint is complete under its old name.
-        directory = old
-    if not directory.is_dir():
-        raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
-    if not is_complete(directory):
-        raise CheckpointError(
-            f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
-            "or is not an accel checkpoint. Load an earlier checkpoint."
-        )
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{directory / MANIFEST} is corrupted: {exc}.") from exc
+    what = f"load_state({directory})"
+    # A commit a crash interrupted is finished first (it moves only accel's own files), so
+    # that every reader, a strategy's included, finds the checkpoint in one directory.
+    _, error = _attempt(lambda: _finish_interrupted(directory)) if accelerator.is_main_process else (None, None)
+    _raise_if_failed(_agree(accelerator, error), error, what)
+    found, error = _attempt(lambda: _locate(directory))
+    _raise_if_failed(_agree(accelerator, error), error, what)
+    assert found is not None
 
     for hook in accelerator._load_state_pre_hooks.values():
         hook(accelerator._models, str(directory))
 
-    custom = accelerator.strategy.load_checkpoint_state(accelerator, directory, strict=strict)
-    for i, model in enumerate([] if custom else accelerator._models):
-        path = directory / _name("model", i, "safetensors")
-        sd = load_safetensors(path) if path.is_file() else load_torch(directory / _name("model", i, "bin"))
-        accelerator._load_model_state_dict(model, sd, strict=strict)
-    for i, opt in enumerate([] if custom else accelerator._optimizers):
+    custom = list(found.manifest.get("strategy_files", []))
+    plan, error = _attempt(lambda: _read_and_check(accelerator, found, strict, custom))
+    _raise_if_failed(_agree(accelerator, error), error, what)
+    assert plan is not None
+
+    if accelerator.strategy.load_checkpoint_state(accelerator, found.directory, strict=strict):
+        plan.pop("models", None)
+        plan.pop("optimizers", None)
+    _apply(accelerator, plan)
+    accelerator.step = int(found.manifest.get("step", 0))
+    return dict(found.manifest)
+
+
+def _finish_interrupted(directory: Path) -> None:
+    if (directory / layout.STAGING / MANIFEST).is_file() and not (directory / MANIFEST).is_file():
+        layout.recover(directory)
+
+
+def _locate(directory: Path) -> layout.Located:
+    found = layout.locate(directory)
+    if found is not None:
+        return found
+    if not directory.is_dir():
+        raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
+    raise CheckpointError(
+        f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
+        "or is not an accel checkpoint. Load an earlier checkpoint."
+    )
+
+
+def _read_and_check(accelerator: Accelerator, found: layout.Located, strict: bool, custom: list[str]) -> dict[str, Any]:
+    """Every file this rank needs, read and verified, and checked against the live objects."""
+    plan: dict[str, Any] = {"strict": strict}
+    rank, world = accelerator.process_index, accelerator.num_processes
+    # Files a strategy reads itself are verified here, each by one rank (they can be large).
+    for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
+        if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
+            raise CheckpointError(
+                f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
+                "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
+            )
+
+    def torch_file(name: str, **kw: Any) -> Any:
+        return load_torch(found.path(name), sha256=found.sha256(name), **kw)
+
+    if not custom:
+        plan["models"] = []
+        for i, model in enumerate(accelerator._models):
+            name = _name("model", i, "safetensors")
+            if found.path(name).is_file():
+                sd = load_safetensors(found.path(name), sha256=found.sha256(name))
+            else:
+                name = _name("model", i, "bin")
+                sd = torch_file(name)
+            live = accelerator.unwrap_model(model).state_dict()
+            check_model_state(live, sd, found.path(name), strict=strict)
+            plan["models"].append((model, sd))
+        plan["optimizers"] = []
         location = "cpu" if accelerator.state.adapter.checkpoint_on_host else accelerator.device
-        opt.load_state_dict(load_torch(directory / _name("optimizer", i, "bin"), map_location=location))
+        for i, opt in enumerate(accelerator._optimizers):
+            name = _name("optimizer", i, "bin")
+            sd = torch_file(name, map_location=location)
+            check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
+            plan["optimizers"].append((opt, sd))
+    plan["objects"] = []
     for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(load_torch(directory / _name("scheduler", i, "bin")))
+        name = _name("scheduler", i, "bin")
+        state = torch_file(name)
+        check_mapping(state, found.path(name), "scheduler")
+        plan["objects"].append((sched, state))
     if accelerator.scaler is not None:
-        accelerator.scaler.load_state_dict(load_torch(directory / "scaler.pt"))
-    loaders_path = directory / "dataloaders.json"
-    if loaders_path.is_file():
-        loaders = json.loads(loaders_path.read_text())
-        for dl, dl_state in zip(accelerator._dataloaders, loaders):
-            dl.load_state_dict(dl_state)
+        state = torch_file("scaler.pt")
+        check_mapping(state, found.path("scaler.pt"), "grad scaler")
+        plan["objects"].append((accelerator.scaler, state))
+    if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
+        states = load_json(found.path("dataloaders.json"), sha256=found.sha256("dataloaders.json"))
+        check_loader_states(states, found.path("dataloaders.json"))
+        plan["objects"] += list(zip(accelerator._dataloaders, states))
     for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(load_torch(directory / f"custom_checkpoint_{i}.bin"))
-    rng = directory / f"random_states_{accelerator.process_index}.pt"
-    if rng.is_file():
-        accelerator.state.adapter.set_rng_state(load_torch(rng))
-    accelerator.step = int(manifest.get("step", 0))
-    return dict(manifest)
+        name = f"custom_checkpoint_{i}.bin"
+        state = torch_file(name)
+        plan["objects"].append((obj, state))
+    rng = f"random_states_{accelerator.process_index}.pt"
+    plan["rng"] = [torch_file(rng)] if found.path(rng).is_file() else []
+    return plan
 
 
-def prune(project_dir: str | os.PathLike[str], total_limit: int, keep: Iterable[Path] = ()) -> None:
-    """Delete the oldest automatic checkpoints beyond `total_limit`."""
-    keep = {Path(p) for p in keep}
-    existing = [p for _, p in list_checkpoints(project_dir) if p not in keep]
-    excess = len(existing) + len(keep) - total_limit
-    for path in existing[: max(0, excess)]:
-        shutil.rmtree(path, ignore_errors=True)
+def _apply(accelerator: Accelerator, plan: dict[str, Any]) -> None:
+    """Apply a checked plan. What is cheap to snapshot is restored if a later step still fails."""
+    adapter = accelerator.state.adapter
+    undo: list[tuple[Any, Any]] = []
+    rng_before = adapter.get_rng_state()
+    try:
+        for opt, state in plan.get("optimizers", []):
+            # An optimizer's state_dict references its tensors, and loading replaces them rather
+            # than writing into them: the snapshot costs no copy.
+            undo.append((opt, opt.state_dict()))
+            opt.load_state_dict(state)
+        for obj, state in plan["objects"]:
+            undo.append((obj, copy.deepcopy(obj.state_dict())))
+            obj.load_state_dict(state)
+        # Models last: loading writes into their parameters, which cannot be undone without a
+        # copy of every weight. Their keys and shapes were checked before this point.
+        for model, sd in plan.get("models", []):
+            accelerator._load_model_state_dict(model, sd, strict=plan["strict"])
+        for state in plan["rng"]:
+            adapter.set_rng_state(state)
+    except Exception as exc:
+        for obj, before in reversed(undo):
+            obj.load_state_dict(before)
+        adapter.set_rng_state(rng_before)
+        raise CheckpointError(
+            f"load_state failed while applying the checkpoint ({type(exc).__name__}: {exc}); the optimizers, "
+            "schedulers, data loaders and registered objects were restored to their state before the call."
+        ) from exc
