@@ -59,7 +59,7 @@ def _assert_real_two_process_group(reports: list[dict], launcher: str) -> None:
         assert r["dist_initialized"] is True
         assert r["dist_world"] == 2
         assert r["backend"] == "gloo"
-        assert r["distributed_type"] == "MULTI_PROCESS"
+        assert r["distributed_type"] == "MULTI_CPU"
         assert r["launcher"] == launcher
         assert r["is_main"] is (rank == 0)
         # Rank r contributes 10r+1: only a real group yields both contributions on each rank.

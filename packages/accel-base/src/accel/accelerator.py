@@ -150,7 +150,10 @@ class Accelerator:
             _from_accelerator=True,
         )
         self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(strategy_config)
-        self.state._partial.distributed_type = self.strategy.distributed_type(self.state.use_distributed)
+        use_distributed = self.state.use_distributed
+        self.state._partial.distributed_type = self.strategy.distributed_type(
+            use_distributed
+        ) or self.adapter.data_parallel_type(use_distributed)
 
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .distributed_type import DistributedType
+
 if TYPE_CHECKING:
     from .prepare import PrepareContext
 
@@ -86,6 +88,10 @@ class Adapter:
     """`save_state` writes optimizer state and registered objects as host (CPU) tensors and
     `load_state` reads them onto the host; the optimizer's `load_state_dict` then places the
     state next to its parameters. For devices whose tensors `torch.load` cannot restore."""
+    data_parallel_name: ClassVar[str] = "MULTI_CPU"
+    """The `DistributedType` name data-parallel runs on this hardware report, as Accelerate
+    names it (MULTI_CPU; an accelerator's adapter says MULTI_<DEVICE>), so scripts that compare
+    `accelerator.distributed_type` against Accelerate's members keep working."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         self.emulate = emulate
@@ -93,6 +99,17 @@ class Adapter:
         self._vendor: ModuleType | None = None
 
     # ---- discovery -------------------------------------------------------------------
+    def data_parallel_type(self, use_distributed: bool) -> DistributedType:
+        """`DistributedType` of a data-parallel run (DDP or the adapter's own): NO for one process."""
+        return DistributedType[self.data_parallel_name] if use_distributed else DistributedType.NO
+
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        """Accelerate's `is_<hardware>_available` functions for this hardware, by name (e.g.
+        `{"is_<device>_available": ...}`), served by `accel.utils`. The core names no hardware, so
+        these come only from adapters; a name no adapter provides answers False."""
+        return {}
+
     @classmethod
     def availability(cls) -> Availability:
         """Can this adapter run on this machine (without emulation)? Must be cheap and never raise."""

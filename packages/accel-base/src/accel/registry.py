@@ -171,3 +171,25 @@ def clear_cache() -> None:
     """Forget loaded entry points (tests that install plugins at run time call this)."""
     adapter_records.cache_clear()
     strategy_records.cache_clear()
+
+
+def availability_probe(name: str) -> Any:
+    """The `is_<hardware>_available` probe Accelerate scripts call, from the installed adapters.
+
+    The core names no hardware: an adapter contributes its probes (`Adapter.availability_probes`,
+    e.g. `is_<device>_available`). A probe no installed adapter provides answers
+    False, since the hardware cannot be used here. Returns None for names that are not probes.
+    """
+    if not (name.startswith("is_") and name.endswith("_available") and name[3:-10].isidentifier()):
+        return None
+    for record in adapter_records().values():
+        probe = record.ok and record.loaded.availability_probes().get(name)
+        if probe:
+            return probe
+
+    def unavailable(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    unavailable.__name__ = name
+    unavailable.__doc__ = f"False: no installed accel adapter provides `{name}` (its hardware is not usable here)."
+    return unavailable

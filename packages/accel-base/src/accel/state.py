@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from .accelerate_env import apply_accelerate_env
 from .adapter import Adapter
+from .distributed_type import DistributedType
 from .errors import DistributedSetupError
 from .kwargs import InitProcessGroupKwargs
 from .launch_env import LaunchInfo, read_launch_env
@@ -30,20 +30,6 @@ from .registry import select_adapter
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
-
-
-class DistributedType(str, enum.Enum):
-    """How the job is spread over processes. Hardware-neutral: the adapter says which device.
-
-    NO: one process. MULTI_PROCESS: several processes with data parallelism (DDP or the
-    adapter's own). FSDP, DEEPSPEED, MEGATRON_LM: those strategies.
-    """
-
-    NO = "NO"
-    MULTI_PROCESS = "MULTI_PROCESS"
-    FSDP = "FSDP"
-    DEEPSPEED = "DEEPSPEED"
-    MEGATRON_LM = "MEGATRON_LM"
 
 
 def _env_flag(name: str) -> bool:
@@ -111,11 +97,11 @@ class PartialState:
         self.timeout = init_kwargs.timeout or _timeout_from_env()
         self.debug = _env_flag("ACCEL_DEBUG_MODE")
         self.adapter.set_device(self.device)
-        self.distributed_type = DistributedType.NO
+        self.distributed_type = self.adapter.data_parallel_type(False)
         self.owns_process_group = False
         if launch.distributed or dist.is_initialized():
             self._init_process_group(launch, init_kwargs)
-            self.distributed_type = DistributedType.MULTI_PROCESS
+            self.distributed_type = self.adapter.data_parallel_type(True)
         self._initialized = True
 
     def _init_process_group(self, launch: LaunchInfo, init_kwargs: InitProcessGroupKwargs) -> None:

@@ -32,6 +32,7 @@ class CUDAAdapter(Adapter):
     priority: ClassVar[int] = 100
     hardware_device_type: ClassVar[str] = "cuda"
     hardware_backend: ClassVar[str] = "nccl"
+    data_parallel_name: ClassVar[str] = "MULTI_GPU"
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16", "fp16", "fp8"}),
         strategies=frozenset({"ddp", "fsdp2"}),
@@ -49,6 +50,11 @@ class CUDAAdapter(Adapter):
         """The GPU index this process uses (set by `device_for`)."""
 
     # ---- discovery and device -----------------------------------------------------------
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        """`accel.utils.is_cuda_available`: a usable CUDA GPU is present."""
+        return {"is_cuda_available": lambda: bool(cls.availability())}
+
     @classmethod
     def availability(cls) -> Availability:
         try:

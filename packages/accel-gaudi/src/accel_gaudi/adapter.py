@@ -39,6 +39,7 @@ class GaudiAdapter(Adapter):
     priority: ClassVar[int] = 60
     hardware_device_type: ClassVar[str] = "hpu"
     hardware_backend: ClassVar[str] = "hccl"
+    data_parallel_name: ClassVar[str] = "MULTI_HPU"
     capabilities: ClassVar[Capabilities] = Capabilities(
         # fp16 is refused on Gaudi (its own Accelerator does the same): bf16 has the range.
         precisions=frozenset({"no", "bf16", "fp8"}),
@@ -57,6 +58,12 @@ class GaudiAdapter(Adapter):
         self._lazy: bool | None = None
 
     # ---- discovery and device -----------------------------------------------------------
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        """`accel.utils.is_hpu_available`: Habana's stack imports and sees a Gaudi (Accelerate's
+        `init_hccl` argument is accepted and ignored: accel starts the process group itself)."""
+        return {"is_hpu_available": lambda init_hccl=False: bool(cls.availability())}
+
     @classmethod
     def availability(cls) -> Availability:
         if importlib.util.find_spec("habana_frameworks") is None:

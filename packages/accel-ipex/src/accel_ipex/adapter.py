@@ -7,6 +7,7 @@ so emulation keeps that module and changes only the device (`cpu`) and the backe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -56,6 +57,19 @@ class IpexAdapter(Adapter):
         self._optimized: list[torch.optim.Optimizer] = []
 
     # ---- discovery, device and backend ------------------------------------------------------
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        """`accel.utils.is_ipex_available` and `is_xpu_available`, as Accelerate's."""
+
+        def is_ipex_available() -> bool:
+            return importlib.util.find_spec("intel_extension_for_pytorch") is not None
+
+        def is_xpu_available(check_device: bool = False) -> bool:
+            xpu = getattr(torch, "xpu", None)
+            return bool(xpu is not None and xpu.is_available() and (not check_device or xpu.device_count() > 0))
+
+        return {"is_ipex_available": is_ipex_available, "is_xpu_available": is_xpu_available}
+
     @classmethod
     def availability(cls) -> Availability:
         version = installed_ipex_version()

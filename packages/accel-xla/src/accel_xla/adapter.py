@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
+from accel.distributed_type import DistributedType
 from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
 from accel.state import GradientState
@@ -49,6 +50,7 @@ class XLAAdapter(Adapter):
     priority: ClassVar[int] = 50
     hardware_device_type: ClassVar[str] = "xla"
     hardware_backend: ClassVar[str] = "xla"
+    data_parallel_name: ClassVar[str] = "XLA"
     capabilities: ClassVar[Capabilities] = Capabilities(
         # XLA computes reduced precision in bf16; fp16 would need dynamic loss scaling,
         # which the XLA path does not do.
@@ -63,6 +65,10 @@ class XLAAdapter(Adapter):
     vendor_module: ClassVar[str] = "accel_xla.xla"
     emulated_vendor_module: ClassVar[str] = "accel_xla.xla_emulated"
 
+    def data_parallel_type(self, use_distributed: bool) -> DistributedType:
+        """XLA, for one process too: Accelerate reports XLA whenever it runs on an XLA device."""
+        return DistributedType.XLA
+
     def __init__(self, *, emulate: bool = False, options: Any = None) -> None:
         super().__init__(emulate=emulate, options=options)
         self._record = ParameterRecord()
@@ -75,6 +81,20 @@ class XLAAdapter(Adapter):
         self._gradients_reduced = False
 
     # ---- discovery and device -------------------------------------------------------------
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        """`accel.utils.is_torch_xla_available(check_is_tpu, check_is_gpu)`, as Accelerate's."""
+
+        def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+            if importlib.util.find_spec("torch_xla") is None:
+                return False
+            if not (check_is_tpu or check_is_gpu):
+                return True
+            device = os.environ.get("PJRT_DEVICE", "")
+            return device == "TPU" if check_is_tpu else device in ("CUDA", "GPU")
+
+        return {"is_torch_xla_available": is_torch_xla_available}
+
     @classmethod
     def availability(cls) -> Availability:
         # Cheap on purpose: importing torch_xla starts its runtime.

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
+    from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
-    from ..state import DistributedType
 
 
 class Strategy:
@@ -23,10 +23,13 @@ class Strategy:
     def __init__(self, config: Any = None) -> None:
         self.config = config
 
-    def distributed_type(self, use_distributed: bool) -> DistributedType:
-        from ..state import DistributedType
+    def distributed_type(self, use_distributed: bool) -> DistributedType | None:
+        """What `Accelerator.distributed_type` reports under this strategy.
 
-        return DistributedType.MULTI_PROCESS if use_distributed else DistributedType.NO
+        None (the default) means plain data parallelism (or one process), which the adapter
+        names for its hardware (`Adapter.data_parallel_type`: NO, MULTI_CPU, MULTI_<DEVICE>, ...).
+        """
+        return None
 
     def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         return model

@@ -33,8 +33,8 @@ from .deepspeed_config import (
 )
 
 if TYPE_CHECKING:
+    from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
-    from ..state import DistributedType
 
 __all__ = ["DeepSpeedConfigError", "DeepSpeedPlugin", "DeepSpeedStrategy", "DummyOptim", "DummyScheduler"]
 
@@ -154,7 +154,7 @@ class DeepSpeedStrategy(Strategy):
         self._device_type = "cpu"
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
-        from ..state import DistributedType
+        from ..distributed_type import DistributedType
 
         return DistributedType.DEEPSPEED
 

@@ -21,8 +21,8 @@ from .base import Strategy
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
-    from ..state import DistributedType
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
@@ -218,7 +218,7 @@ class FSDP2Strategy(Strategy):
         self._replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
-        from ..state import DistributedType
+        from ..distributed_type import DistributedType
 
         return DistributedType.FSDP if use_distributed else DistributedType.NO
 

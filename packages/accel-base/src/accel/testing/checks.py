@@ -235,7 +235,7 @@ def precision(_: Path, mode: str) -> dict[str, Any]:
         "output_dtype": str(out.dtype),
         "inner_dtypes": seen[:1],
         # What users save: an adapter may train in half-precision parameters (split fp32
-        # masters, as IPEX does) but the full state dict must hold fp32 weights.
+        # masters, as some vendor optimizers do) but the full state dict must hold fp32 weights.
         "state_dict_dtypes": sorted(
             {str(t.dtype) for t in acc.get_state_dict(model).values() if t.is_floating_point()}
         ),

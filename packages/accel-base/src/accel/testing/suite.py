@@ -79,7 +79,7 @@ class AdapterConformanceSuite:
     """Extra environment for the workers."""
     processes: ClassVar[int | None] = None
     """How many processes the kit launches: by default 2 when the adapter claims several per
-    host, else 1. A machine with one device sets 1 (e.g. one GPU: NCCL cannot put two ranks on it)."""
+    host, else 1. A machine with one device sets 1 (some collective backends cannot put two ranks on one device)."""
     timeout: ClassVar[float] = 1200.0
     """Seconds the whole multi-process run may take."""
     collective_timeout: ClassVar[float] = 180.0

@@ -22,8 +22,13 @@ class FakeDeviceAdapter(Adapter):
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16"}), strategies=frozenset({"ddp"})
     )
+    data_parallel_name: ClassVar[str] = "MULTI_FAKEDEV"
     vendor_module: ClassVar[str] = "accel_test_plugins.fakedev_vendor"
     emulated_vendor_module: ClassVar[str] = "accel_test_plugins.fakedev_emulated"
+
+    @classmethod
+    def availability_probes(cls) -> dict[str, Any]:
+        return {"is_fakedev_available": lambda: bool(cls.availability())}
 
     @classmethod
     def availability(cls) -> Availability:
