@@ -7,7 +7,9 @@ in epoch 0 and in epoch 1. Then, in new processes, load each checkpoint and trai
 same end, once the way the peer library documents (`skip_first_batches` over the
 resumed epoch) and once with `DataLoaderConfiguration(use_stateful_dataloader=True)`
 (iteration simply continues). The final weights must be bitwise equal to the
-uninterrupted run's, and so must every later step's loss on every rank.
+uninterrupted run's, and so must every later step's loss on every rank. Both shuffling
+modes: the default (the peer library's: a sampler generator synchronised from rank 0 at
+every epoch, worker seeds from the global generator) and `use_seedable_sampler=True`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel import Accelerator, DataLoaderConfiguration, set_seed
 
 mode, out, approach, save_steps = sys.argv[1], Path(sys.argv[2]), sys.argv[3], [int(s) for s in sys.argv[4].split(",")]
-strategy = sys.argv[5]
+strategy, seedable = sys.argv[5], sys.argv[6] == "seedable"
 EPOCHS = 3
 
 class Step:
@@ -46,7 +48,10 @@ set_seed(0)
 g = torch.Generator().manual_seed(1)
 features, targets = torch.randn(44, 6, generator=g), torch.randint(0, 3, (44,), generator=g)
 acc = Accelerator(
-    strategy=strategy, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=approach == "stateful")
+    strategy=strategy,
+    dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=approach == "stateful", use_seedable_sampler=seedable
+    ),
 )
 model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
 opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.1)
@@ -94,24 +99,26 @@ acc.print(f"{tag}: {per_epoch} batches per epoch", flush=True)
 SAVE_STEPS = (3, 8)  # 6 batches per epoch: epoch 0 after 3, epoch 1 after 2
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp2"])
-def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    strategy = request.param
-    out = tmp_path_factory.mktemp(f"resume_{strategy}")
+@pytest.fixture(scope="module", params=[("ddp", "default"), ("fsdp2", "default"), ("ddp", "seedable")])
+def uninterrupted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, tuple[str, str]]:
+    strategy, sampler = request.param
+    out = tmp_path_factory.mktemp(f"resume_{strategy}_{sampler}")
     script = out / "train.py"
     script.write_text(SCRIPT)
-    proc = launch(script, "run", str(out), "skip", ",".join(map(str, SAVE_STEPS)), strategy, timeout=300)
+    proc = launch(script, "run", str(out), "skip", ",".join(map(str, SAVE_STEPS)), strategy, sampler, timeout=300)
     assert "run: 6 batches per epoch" in proc.stdout
-    return out, strategy
+    return out, (strategy, sampler)
 
 
 @pytest.mark.parametrize("approach", ["skip", "stateful"])
 @pytest.mark.parametrize("save_at", SAVE_STEPS)
 def test_resume_in_fresh_processes_is_bitwise_exact(
-    uninterrupted: tuple[Path, str], approach: str, save_at: int
+    uninterrupted: tuple[Path, tuple[str, str]], approach: str, save_at: int
 ) -> None:
-    out, strategy = uninterrupted
-    launch(out / "train.py", "resume", str(out), approach, str(save_at), strategy, timeout=300)
+    out, (strategy, sampler) = uninterrupted
+    launch(out / "train.py", "resume", str(out), approach, str(save_at), strategy, sampler, timeout=300)
     reference = load_file(str(out / "final_run" / "model.safetensors"))
     resumed = load_file(str(out / f"final_{approach}_{save_at}" / "model.safetensors"))
     checkpoint = load_file(str(out / f"ckpt_{save_at}" / "model.safetensors"))

@@ -9,6 +9,7 @@ without one, the built-in cpu adapter runs on CPUs with gloo.
 from .accelerator import Accelerator
 from .adapter import ADAPTER_API_VERSION, Adapter, Availability, Capabilities
 from .data import DataLoaderShard, skip_first_batches
+from .data_samplers import SeedableRandomSampler
 from .errors import (
     AccelError,
     AdapterNotFoundError,
@@ -18,6 +19,7 @@ from .errors import (
     DistributedSetupError,
     UnsafeCheckpointError,
 )
+from .handlers import ProfileKwargs
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -29,6 +31,9 @@ from .kwargs import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from .launchers import debug_launcher, notebook_launcher
+from .memory import find_executable_batch_size
+from .rng import synchronize_rng_states
 from .state import AcceleratorState, DistributedType, GradientState, PartialState
 from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from .strategies.fsdp import FSDPConfig
@@ -36,6 +41,13 @@ from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
 from .utils import set_seed
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    from .compat_table import missing_attribute
+
+    raise missing_attribute("accelerate", name, __name__)
+
 
 __all__ = [
     "ADAPTER_API_VERSION",
@@ -66,9 +78,15 @@ __all__ = [
     "GradientState",
     "InitProcessGroupKwargs",
     "PartialState",
+    "ProfileKwargs",
     "ProjectConfiguration",
+    "SeedableRandomSampler",
     "TorchDynamoPlugin",
     "UnsafeCheckpointError",
+    "debug_launcher",
+    "find_executable_batch_size",
+    "notebook_launcher",
     "set_seed",
     "skip_first_batches",
+    "synchronize_rng_states",
 ]

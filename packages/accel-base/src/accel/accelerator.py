@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 
 from .accelerate_env import launch_defaults
 from . import checkpoint as ckpt
-from . import ops
+from . import operations, ops
+from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import is_compiled_module
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
@@ -53,7 +54,7 @@ _HANDLER_HINTS = {
 }
 
 
-class Accelerator:
+class Accelerator(AcceleratorCompatMixin):
     """One training loop for every accelerator.
 
     Args:
@@ -168,7 +169,8 @@ class Accelerator:
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = rng_types
+        # Copied from rank 0 at every iteration of a prepared loader (accel.rng), as in the peer library.
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         # A strategy whose engine scales the fp16 loss itself must not get a second scaler.
         self.scaler = (
             None
@@ -449,14 +451,17 @@ class Accelerator:
         num_shards, shard_index = self._data_shards()
         prepared = prepare_data_loader(
             data_loader,
-            device=self.device if device_placement else None,
+            device=self.device,
+            put_on_device=device_placement,
             num_processes=num_shards,
             process_index=shard_index,
             split_batches=config.split_batches,
             even_batches=config.even_batches,
             dispatch_batches=config.dispatch_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            rng_types=list(self.rng_types),
             comm_device=self.device,
-            seed=self._data_seed(data_loader),
+            data_seed=config.data_seed,
             use_seedable_sampler=config.use_seedable_sampler,
             non_blocking=config.non_blocking,
             gradient_state=self.gradient_state,
@@ -475,16 +480,6 @@ class Accelerator:
         import torch.distributed as dist
 
         return dist.get_world_size(group), dist.get_rank(group)
-
-    def _data_seed(self, data_loader: DataLoader) -> int:  # type: ignore[type-arg]
-        if self.dataloader_config.data_seed is not None:
-            return int(self.dataloader_config.data_seed)
-        if data_loader.generator is not None:
-            return int(data_loader.generator.initial_seed())
-        # Rank 0's draw from its torch RNG (so `set_seed` controls it), shared once here
-        # rather than re-synchronising generators at every epoch.
-        seed = [int(torch.randint(0, 2**31 - 1, (1,)).item())]
-        return int(ops.broadcast_object_list(seed)[0])
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:
         """Resume mid-epoch: skip the `num_batches` batches of the current epoch already seen."""
@@ -609,9 +604,9 @@ class Accelerator:
         return ops.recursively_apply(lambda t: t[: gs.remainder], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """All-reduce tensors ("sum", "mean" or "none"), times `scale`, over the data-parallel
+        """All-reduce tensors ("sum", "mean", "max", "min" or "none"), times `scale`, over the data-parallel
         processes (every process unless the strategy splits models over several)."""
-        return ops.reduce(tensor, reduction=reduction, scale=scale, group=self.strategy.data_parallel_group())
+        return operations.reduce(tensor, reduction, scale, group=self.strategy.data_parallel_group())
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return ops.broadcast(tensor, from_process=from_process)

@@ -9,49 +9,65 @@ samples of that round are real.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import RandomSampler, Sampler
 
 from .data_iterable import cycle_pad
 
 
-class SeedableRandomSampler(Sampler[int]):
-    """A random permutation drawn from `seed` and the epoch: identical on every rank.
+class SeedableRandomSampler(RandomSampler):
+    """A random permutation drawn from a seed plus the epoch: identical on every rank.
 
-    `set_epoch(e)` selects the permutation; the same (seed, epoch) always gives the same one.
+    `set_epoch(e)` selects the permutation; the same (seed, epoch) always gives the same one,
+    and the same one as the peer library's sampler of that name. The seed is `seed`, else
+    `data_seed`, else torch's initial seed (what `set_seed` set). `generator`, if given, is
+    the generator reseeded and drawn from (the peer library's signature); by default a
+    private one.
     """
 
     def __init__(
-        self, data_source: Sized, *, seed: int, replacement: bool = False, num_samples: int | None = None
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        seed: int | None = None,
+        data_seed: int | None = None,
     ) -> None:
-        self.data_source = data_source
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        if seed is None:
+            seed = data_seed if data_seed is not None else torch.random.initial_seed()
         self.seed = int(seed)
-        self.replacement = replacement
-        self._num_samples = num_samples
         self.epoch = 0
 
     @property
-    def num_samples(self) -> int:
-        return self._num_samples if self._num_samples is not None else len(self.data_source)
+    def initial_seed(self) -> int:
+        """The peer library's name for `seed`."""
+        return self.seed
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        g = torch.Generator()
+        g = self.generator if self.generator is not None else torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         n = len(self.data_source)
+        # Drawn exactly as `RandomSampler` draws from a generator it is given.
         if self.replacement:
-            yield from torch.randint(high=n, size=(self.num_samples,), dtype=torch.int64, generator=g).tolist()
+            for _ in range(self.num_samples // 32):
+                yield from torch.randint(high=n, size=(32,), dtype=torch.int64, generator=g).tolist()
+            rest = self.num_samples % 32
+            yield from torch.randint(high=n, size=(rest,), dtype=torch.int64, generator=g).tolist()
             return
-        order: list[int] = []
-        while len(order) < self.num_samples:
-            order.extend(torch.randperm(n, generator=g).tolist())
-        yield from order[: self.num_samples]
+        for _ in range(self.num_samples // n):
+            yield from torch.randperm(n, generator=g).tolist()
+        yield from torch.randperm(n, generator=g).tolist()[: self.num_samples % n]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -101,6 +117,8 @@ class BatchSamplerShard(Sampler[list[int]]):
             )
         self.remainder = -1
         self.skip_batches = 0
+        self._primed: Iterator[Any] | None = None
+        self._running = False
 
     @property
     def sampler(self) -> Any:
@@ -140,18 +158,43 @@ class BatchSamplerShard(Sampler[list[int]]):
         except TypeError:
             return 0
 
+    def prime(self) -> None:
+        """Start the wrapped batch sampler now, so the random draws its start makes happen here.
+
+        For an iteration already created but not started (a resumed epoch replays those
+        draws from saved generator states, then puts the global generator back). Does
+        nothing once the iteration runs (loader workers start it at once).
+        """
+        if self._running or self._primed is not None:
+            return
+        inner = iter(self.batch_sampler)
+        try:
+            first = next(inner)
+        except StopIteration:
+            self._primed = iter(())
+            return
+        self._primed = itertools.chain([first], inner)
+
+    def _inner(self) -> Iterator[Any]:
+        primed, self._primed = self._primed, None
+        return primed if primed is not None else iter(self.batch_sampler)
+
     def __iter__(self) -> Iterator[list[int]]:
         self.remainder = -1
-        it = self._iter_split() if self.split_batches else self._iter_rounds()
-        for i, batch in enumerate(it):
-            if i >= self.skip_batches:
-                yield batch
+        self._running = True
+        try:
+            it = self._iter_split() if self.split_batches else self._iter_rounds()
+            for i, batch in enumerate(it):
+                if i >= self.skip_batches:
+                    yield batch
+        finally:
+            self._running = False
 
     def _iter_split(self) -> Iterator[list[int]]:
         size, w, r = int(self.batch_size), self.num_processes, self.process_index
         per = size // w
         head: list[int] = []
-        for batch in self.batch_sampler:
+        for batch in self._inner():
             batch = list(batch)
             if len(head) < size:
                 head.extend(batch[: size - len(head)])
@@ -171,7 +214,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         size, w, r = int(self.batch_size), self.num_processes, self.process_index
         head: list[int] = []
         round_: list[list[int]] = []
-        for batch in self.batch_sampler:
+        for batch in self._inner():
             batch = list(batch)
             if len(head) < size * w:
                 head.extend(batch[: size * w - len(head)])

@@ -1,13 +1,80 @@
-"""Small utilities users import from the peer library's `utils`."""
+"""What scripts import from the peer library's `utils`, under the same names (`accelerate.utils` -> `accel.utils`).
+
+The functions live in modules named for their concern (`accel.ops`, `accel.operations`,
+`accel.environment`, `accel.imports`, `accel.memory`, `accel.rng`, `accel.handlers`, ...);
+this module gathers them. A name of the peer library's `utils` that accel does not provide
+raises an `AttributeError` saying why and what to use (docs/accelerate_compat.md).
+"""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
 
+from .compile import compile_regions, is_compiled_module
 from .data import skip_first_batches
+from .environment import (
+    are_libraries_initialized,
+    clear_environment,
+    convert_dict_to_env_variables,
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+    patch_environment,
+    purge_accelerate_environment,
+    str_to_bool,
+)
+from .handlers import (
+    AORecipeKwargs,
+    DynamoBackend,
+    FP8RecipeKwargs,
+    LoggerType,
+    PrecisionType,
+    ProfileKwargs,
+    TERecipeKwargs,
+)
+from .imports import (
+    compare_versions,
+    is_aim_available,
+    is_bf16_available,
+    is_boto3_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_fp8_available,
+    is_fp16_available,
+    is_import_timer_available,
+    is_lomo_available,
+    is_matplotlib_available,
+    is_megatron_lm_available,
+    is_mlflow_available,
+    is_msamp_available,
+    is_pandas_available,
+    is_peft_available,
+    is_pytest_available,
+    is_rich_available,
+    is_schedulefree_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_timm_available,
+    is_torch_version,
+    is_torchao_available,
+    is_torchdata_available,
+    is_torchdata_stateful_dataloader_available,
+    is_torchvision_available,
+    is_tqdm_available,
+    is_trackio_available,
+    is_transformer_engine_available,
+    is_transformers_available,
+    is_triton_available,
+    is_wandb_available,
+    is_weights_only_available,
+)
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -16,8 +83,29 @@ from .kwargs import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    KwargsHandler,
     ProjectConfiguration,
     TorchDynamoPlugin,
+)
+from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
+from .operations import (
+    CannotPadNestedTensorWarning,
+    DistributedOperationException,
+    TensorInformation,
+    convert_to_fp32,
+    copy_tensor_to_devices,
+    find_device,
+    get_data_structure,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    pad_across_processes,
+    pad_input_tensors,
+    reduce,
+    slice_tensors,
 )
 from .ops import (
     broadcast,
@@ -26,12 +114,27 @@ from .ops import (
     find_batch_size,
     gather,
     gather_object,
-    pad_across_processes,
+    is_namedtuple,
     recursively_apply,
-    reduce,
     send_to_device,
 )
+from .other import (
+    clean_state_dict_for_safetensors,
+    convert_bytes,
+    extract_model_from_parallel,
+    get_pretty_name,
+    merge_dicts,
+    merge_fsdp_weights,
+    recursive_getattr,
+    save,
+    wait_for_everyone,
+)
+from .precision import convert_outputs_to_fp32
+from .rng import RNGType, synchronize_rng_state, synchronize_rng_states
+from .state import DistributedType
 from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
+from .tqdm import tqdm
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -54,29 +157,127 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def __getattr__(name: str) -> Any:
+    from .compat_table import missing_attribute
+
+    raise missing_attribute("accelerate.utils", name, __name__)
+
+
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
+    "CannotPadNestedTensorWarning",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
+    "DistributedType",
     "DummyOptim",
     "DummyScheduler",
+    "DynamoBackend",
+    "FP8RecipeKwargs",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "LoggerType",
+    "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
+    "RNGType",
+    "TERecipeKwargs",
+    "TensorInformation",
     "TorchDynamoPlugin",
+    "are_libraries_initialized",
     "broadcast",
     "broadcast_object_list",
+    "clean_state_dict_for_safetensors",
+    "clear_device_cache",
+    "clear_environment",
+    "compare_versions",
+    "compile_regions",
     "concatenate",
+    "convert_bytes",
+    "convert_dict_to_env_variables",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
+    "copy_tensor_to_devices",
+    "extract_model_from_parallel",
     "find_batch_size",
+    "find_device",
+    "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_data_structure",
+    "get_int_from_env",
+    "get_pretty_name",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_aim_available",
+    "is_bf16_available",
+    "is_boto3_available",
+    "is_clearml_available",
+    "is_comet_ml_available",
+    "is_compiled_module",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_dvclive_available",
+    "is_fp16_available",
+    "is_fp8_available",
+    "is_import_timer_available",
+    "is_lomo_available",
+    "is_matplotlib_available",
+    "is_megatron_lm_available",
+    "is_mlflow_available",
+    "is_msamp_available",
+    "is_namedtuple",
+    "is_pandas_available",
+    "is_peft_available",
+    "is_pytest_available",
+    "is_rich_available",
+    "is_schedulefree_available",
+    "is_swanlab_available",
+    "is_tensor_information",
+    "is_tensorboard_available",
+    "is_timm_available",
+    "is_torch_tensor",
+    "is_torch_version",
+    "is_torchao_available",
+    "is_torchdata_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_torchvision_available",
+    "is_tqdm_available",
+    "is_trackio_available",
+    "is_transformer_engine_available",
+    "is_transformers_available",
+    "is_triton_available",
+    "is_wandb_available",
+    "is_weights_only_available",
+    "listify",
+    "merge_dicts",
+    "merge_fsdp_weights",
     "pad_across_processes",
+    "pad_input_tensors",
+    "parse_choice_from_env",
+    "parse_flag_from_env",
+    "patch_environment",
+    "purge_accelerate_environment",
+    "recursive_getattr",
     "recursively_apply",
     "reduce",
+    "release_memory",
+    "save",
     "send_to_device",
     "set_seed",
+    "should_reduce_batch_size",
     "skip_first_batches",
+    "slice_tensors",
+    "str_to_bool",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+    "tqdm",
+    "wait_for_everyone",
 ]

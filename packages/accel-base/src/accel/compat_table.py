@@ -1,0 +1,84 @@
+"""Why a name of the peer library is not in accel, and what to use instead.
+
+`missing_attribute` builds the error for a name accel lacks: modules that mirror the
+peer library's (`accel`, `accel.utils`, `accel.data_loader`, ...) raise it from their
+`__getattr__`, so `from accel.utils import init_empty_weights` says why instead of a bare
+ImportError. docs/accelerate_compat.md is generated from these reasons
+(compat_tests/gen_compat_table.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+_BIG_MODEL = (
+    "big-model inference (device maps, offloading, quantized loading) is outside accel's scope: load with "
+    "transformers' `from_pretrained(device_map=...)` or keep using the peer library's big_modeling for inference"
+)
+_LAUNCHER = (
+    "launcher internals of the peer library: `accel launch` (torchrun underneath) accepts `accelerate launch`'s "
+    "flags and sets up the processes itself"
+)
+_HARDWARE = (
+    "hardware-specific: such names come from the adapter package for that hardware (`accel env` lists the "
+    "installed adapters); the core names no hardware"
+)
+
+# Reasons for names accel deliberately lacks (patterns are matched against the bare name).
+REASONS: dict[str, str] = {
+    r"cpu_offload|cpu_offload_with_hook|disk_offload|dispatch_model|init_empty_weights|init_on_device": _BIG_MODEL,
+    r"load_checkpoint_and_dispatch|load_checkpoint_in_model|infer_auto_device_map|get_balanced_memory": _BIG_MODEL,
+    r"get_max_memory|get_max_layer_size|compute_module_sizes|calculate_maximum_sizes|check_device_map": _BIG_MODEL,
+    r"align_module_device|has_offloaded_params|named_module_tensors|set_module_tensor_to_device": _BIG_MODEL,
+    r"load_offloaded_weights?|offload_weight|offload_state_dict|save_offload_index|OffloadedWeightsLoader": _BIG_MODEL,
+    r"PrefixedDataset|extract_submodules_state_dict|find_tied_parameters|retie_parameters|id_tensor_storage": _BIG_MODEL,
+    r"check_tied_parameters_.*|convert_file_size_to_int|dtype_byte_size|CustomDtype|load_state_dict": _BIG_MODEL,
+    r"BnbQuantizationConfig|load_and_quantize_model|has_4bit_bnb_layers|is_(4|8)bit_bnb_available": _BIG_MODEL,
+    r"is_bnb_available|is_bitsandbytes_multi_backend_available": _BIG_MODEL,
+    r"prepare_pippy|is_pippy_available": "pipeline-parallel inference (PiPPy) is outside accel's scope",
+    r"PrepareForLaunch|prepare_.*_cmd_env|prepare_multi_.*_env|prepare_sagemager_args_inputs|prepare_tpu": _LAUNCHER,
+    r"write_basic_config|ComputeEnvironment|SageMakerDistributedType|is_sagemaker_available": (
+        "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
+        "Accelerate's; SageMaker is not supported"
+    ),
+    r"MegatronLM.*|.*TrainStep|megatron_lm_.*|add_model_config_to_megatron_parser": (
+        "Megatron-LM support comes from the accel-megatron package (`pip install accel-megatron`)"
+    ),
+    r"avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
+        "Megatron-LM support comes from the accel-megatron package (`pip install accel-megatron`)"
+    ),
+    r"MSAMPRecipeKwargs|is_msamp_available": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
+    r"LocalSGD": "local SGD is not implemented; synchronise every step or use gradient accumulation",
+    r"DataLoaderAdapter|DataLoaderStateMixin|SkipDataLoader|SkipBatchSampler": (
+        "accel's prepared loaders resume through `skip_first_batches(loader, n)` or "
+        "`DataLoaderConfiguration(use_stateful_dataloader=True)`, without these wrapper classes"
+    ),
+    r"ThreadLocalSharedDict|do_nothing": "internal helper of the peer library's state objects",
+}
+
+
+class AccelerateNameError(AttributeError):
+    """A name of the peer library that accel does not provide; the message says why and what to use."""
+
+
+def reason_for(name: str) -> str | None:
+    """Why accel lacks the peer library's `name` (None if it is not a known omission)."""
+    for pattern, reason in REASONS.items():
+        if re.fullmatch(pattern, name):
+            return reason
+    if re.fullmatch(r"is_[a-z0-9_]+_available", name) or name.startswith("check_"):
+        return _HARDWARE
+    return None
+
+
+def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> AttributeError:
+    """The error for `accel_module.name`, which the peer library has as `accelerate_module.name`."""
+    if name.startswith("__"):
+        return AttributeError(f"module {accel_module!r} has no attribute {name!r}")
+    reason = reason_for(name)
+    if reason is None:
+        return AttributeError(
+            f"module {accel_module!r} has no attribute {name!r} (docs/accelerate_compat.md lists what accel "
+            f"provides for the peer library's `{accelerate_module}`)"
+        )
+    return AccelerateNameError(f"`{accelerate_module}.{name}` is not supported by accel: {reason}.")

@@ -1,0 +1,162 @@
+"""Model and file helpers of the peer library's `utils` (re-exported by `accel.utils`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compile import is_compiled_module
+
+
+def extract_model_from_parallel(
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+) -> torch.nn.Module:
+    """The user's module out of DDP/FSDP/DeepSpeed-style wrappers (anything with a `.module`) and compile.
+
+    With an `Accelerator`, prefer `accelerator.unwrap_model`, which also knows the strategy's own wrappers.
+    `keep_fp32_wrapper=False` also removes the mixed-precision forward.
+    """
+    from .precision import remove_autocast_wrapper
+
+    compiled = is_compiled_module(model)
+    inner: Any = model._orig_mod if compiled else model
+    while isinstance(getattr(inner, "module", None), torch.nn.Module):
+        inner = inner.module
+    if not keep_fp32_wrapper:
+        remove_autocast_wrapper(inner)
+    if compiled and keep_torch_compile:
+        model._orig_mod = inner  # type: ignore[assignment]
+        return model
+    return inner  # type: ignore[no-any-return]
+
+
+def wait_for_everyone() -> None:
+    """Barrier: every process waits until all reach this point (`PartialState().wait_for_everyone()`)."""
+    from .state import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def save(
+    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
+) -> None:
+    """Save `obj` from the main process only (each node's local main with `save_on_each_node`).
+
+    `safe_serialization=True` writes a state dict of tensors with safetensors instead of pickle.
+    """
+    from .state import PartialState
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(clean_state_dict_for_safetensors(obj), str(f), metadata={"format": "pt"})
+    else:
+        torch.save(obj, f)
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The state dict without shared storage (safetensors refuses tensors sharing memory): later aliases are
+    dropped, and every tensor is made contiguous."""
+    seen: dict[tuple[Any, int], str] = {}
+    cleaned: dict[str, Any] = {}
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            cleaned[name] = tensor
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if tensor.numel() and key in seen:
+            continue
+        seen[key] = name
+        cleaned[name] = tensor.contiguous()
+    return cleaned
+
+
+def convert_bytes(size: float) -> str:
+    """A byte count in human units (`1.5 GB`)."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+def get_pretty_name(obj: Any) -> str:
+    """The qualified name of `obj`'s class (or of `obj` if it is a class or function)."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return str(getattr(obj, "__qualname__", getattr(obj, "__name__", obj)))
+
+
+def merge_dicts(source: dict[str, Any], destination: dict[str, Any]) -> dict[str, Any]:
+    """Merge `source` into `destination` recursively (nested dicts merged, other values replaced)."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """`getattr` through a dotted path (`recursive_getattr(model, "encoder.layer.0")`)."""
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str, output_path: str, safe_serialization: bool = True, remove_checkpoint_dir: bool = False
+) -> None:
+    """Merge a sharded `torch.distributed.checkpoint` directory of model weights into one file, in one process.
+
+    Writes `model.safetensors` (or `pytorch_model.bin`) under `output_path`. accel's own
+    `save_state`/`save_model` already write full weights; this is for sharded checkpoints.
+
+    Raises:
+        FileNotFoundError: `checkpoint_dir` is not a distributed-checkpoint directory (no `.metadata`).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    source = Path(checkpoint_dir)
+    if not (source / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"{source} is not a sharded (torch.distributed.checkpoint) directory: it has no .metadata file."
+        )
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state, storage_reader=dcp.FileSystemReader(str(source)), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+    )
+    if len(state) == 1 and isinstance(next(iter(state.values())), dict):
+        state = next(iter(state.values()))  # weights saved under one key ("model")
+    out = Path(output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(clean_state_dict_for_safetensors(state), str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, out / "pytorch_model.bin")
+    if remove_checkpoint_dir:
+        shutil.rmtree(source)
+
+
+__all__ = [
+    "clean_state_dict_for_safetensors",
+    "convert_bytes",
+    "extract_model_from_parallel",
+    "get_pretty_name",
+    "merge_dicts",
+    "merge_fsdp_weights",
+    "recursive_getattr",
+    "save",
+    "wait_for_everyone",
+]
