@@ -32,13 +32,14 @@ def main() -> None:
     for epoch in range(5):
         model.train()
         total = torch.zeros((), device=accelerator.device)
-        for x, y in train:
+        for step, (x, y) in enumerate(train, start=1):
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             total += loss.detach()
+            accelerator.print(f"  epoch {epoch} step {step}/{len(train)}: loss {loss.item():.4f} (process 0's batch)")
         mean_loss = accelerator.reduce(total / len(train), reduction="mean")
         accelerator.print(f"epoch {epoch}: train loss {mean_loss.item():.4f}")
 

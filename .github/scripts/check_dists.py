@@ -5,7 +5,8 @@
 Every package under packages/ must have exactly one sdist and one wheel, all at the one
 version the project has (`__version__` in accel-base's `accel/__init__.py`, which every
 pyproject.toml reads), and every adapter's dependency on accel-base must admit that
-version and no other minor release. With `--tag` (the release workflow passes the pushed
+version and no other minor release; a package that also states `__version__` in its
+`__init__.py` must state the same one. With `--tag` (the release workflow passes the pushed
 tag), the tag must be `v` and that version. Exits 1 and says what is wrong.
 """
 
@@ -77,6 +78,10 @@ def problems(dist: Path, tag: str | None = None) -> list[str]:
                 f'write "accel-base>={version.major}.{version.minor},<{next_minor.major}.{next_minor.minor}" '
                 f"in {pyproject.relative_to(ROOT)}"
             )
+    for init in sorted(ROOT.glob("packages/*/src/*/__init__.py")):
+        stated = re.search(r'^__version__ = "([^"]+)"$', init.read_text(), re.M)
+        if stated and Version(stated.group(1)) != version:
+            found.append(f"{init.relative_to(ROOT)}: __version__ {stated.group(1)}, expected {version}")
     for extra in sorted({p.name for p in dist.iterdir()} - expected):
         found.append(f"{dist}: {extra} is not one of this version's distributions (remove it)")
     return found

@@ -7,23 +7,59 @@
    of the same tensors (one process).
 4. Data loading: a prepared loader (sharded, and dispatched) against a plain DataLoader
    with DistributedSampler, 2 gloo processes.
+5. Memory: the bytes of live tensors each of 2 processes holds after an AdamW step, per
+   strategy (DDP, FSDP2, and DeepSpeed's ZeRO stages when DeepSpeed is installed).
 
-`--sections steps,import,checkpoint,loader` picks what runs (default: all); other
-arguments go to the step benchmark. Prints markdown tables; the figures go into
-docs/benchmarks.md by hand.
+`--sections steps,import,checkpoint,loader,memory` picks what runs (default: all); other
+arguments go to the step benchmark. Prints markdown tables and writes each section's
+figures as data (`<section>.json`, and `.csv` for steps and memory) to `--out-dir`
+(default docs/assets/benchmarks, where `plot.py` draws them for docs/performance.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+import torch
 
 HERE = Path(__file__).parent
+OUT_DIR = HERE.parents[2] / "docs" / "assets" / "benchmarks"
+MEMORY_STRATEGIES = ["ddp", "fsdp2"]
+DEEPSPEED_STAGES = ["deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
+
+
+def machine() -> dict[str, Any]:
+    """Where and when a figure was measured: it travels with the figure."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def save(out_dir: Path, section: str, data: Any, rows: list[dict[str, Any]] | None = None) -> None:
+    """`<section>.json` (the data and the machine), and `<section>.csv` of `rows` when given."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{section}.json").write_text(json.dumps({"machine": machine(), "data": data}, indent=2) + "\n")
+    if rows:
+        with (out_dir / f"{section}.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 def import_cost(module: str) -> float:
@@ -70,8 +106,9 @@ def launch_json(worker: list[str], nproc: int) -> dict[str, float]:
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def checkpoint_table() -> None:
+def checkpoint_table(out_dir: Path) -> None:
     m = launch_json([str(HERE / "io_bench.py"), "checkpoint"], nproc=1)
+    save(out_dir, "checkpoint", m)
     mb = m["megabytes"]
     print(f"\n## Checkpoints, one process: {mb:.0f} MB (model + AdamW moments), median of rounds\n")
     print("| operation | plain safetensors | accel | plain MB/s | accel MB/s | accel / plain (time) |")
@@ -80,6 +117,7 @@ def checkpoint_table() -> None:
         ("save_state vs save_file", m["plain_save"], m["accel_save"]),
         ("load_state vs load_file + read", m["plain_load"], m["accel_load"]),
         ("load_state vs load_file (lazy mmap)", m["plain_load_lazy"], m["accel_load"]),
+        ("load_state verified vs unverified (SHA-256 cost)", m["accel_load_unverified"], m["accel_load"]),
     )
     for op, plain, ours in rows:
         print(
@@ -87,8 +125,9 @@ def checkpoint_table() -> None:
         )
 
 
-def loader_table() -> None:
+def loader_table(out_dir: Path) -> None:
     m = launch_json([str(HERE / "io_bench.py"), "loader"], nproc=2)
+    save(out_dir, "loader", m)
     plain = m["plain_distributed_sampler"]
     print("\n## Data loading, 2 gloo processes: samples per second per rank (median epoch)\n")
     print("| loader | samples/s | / plain DataLoader + DistributedSampler |")
@@ -99,27 +138,65 @@ def loader_table() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--sections", default="steps,import,checkpoint,loader")
+    parser.add_argument("--sections", default="steps,import,checkpoint,loader,memory")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where each section's JSON/CSV goes")
     known, extra = parser.parse_known_args()
     sections = set(known.sections.split(","))
     if "steps" in sections:
-        step_table(extra)
+        step_table(extra, known.out_dir)
     if "import" in sections:
-        import_table()
+        import_table(known.out_dir)
     if "checkpoint" in sections:
-        checkpoint_table()
+        checkpoint_table(known.out_dir)
     if "loader" in sections:
-        loader_table()
+        loader_table(known.out_dir)
+    if "memory" in sections:
+        memory_table(known.out_dir)
+
+
+def memory_table(out_dir: Path) -> None:
+    strategies = MEMORY_STRATEGIES + (DEEPSPEED_STAGES if importlib.util.find_spec("deepspeed") else [])
+    results = [launch_json([str(HERE / "memory_bench.py"), "--strategy", s], nproc=2) for s in strategies]
+    rows = [
+        {
+            "strategy": r["strategy"],
+            "processes": r["processes"],
+            "parameters": r["parameters"],
+            "per_rank_mb": round(max(r["per_rank_bytes"]) / 2**20, 2),
+            "single_process_mb": round(r["single_process_model_state_bytes"] / 2**20, 2),
+        }
+        for r in results
+    ]
+    save(out_dir, "memory", results, rows)
+    print("\n## Memory per rank after an AdamW step, 2 processes (live tensor storage, largest rank)\n")
+    print("| strategy | MB per rank | one process, no strategy (MB) | ratio |")
+    print("| --- | --- | --- | --- |")
+    for row in rows:
+        ratio = row["per_rank_mb"] / row["single_process_mb"]
+        print(f"| {row['strategy']} | {row['per_rank_mb']:.1f} | {row['single_process_mb']:.1f} | {ratio:.2f} |")
 
 
 def _ratio(rounds: list[float]) -> str:
     """Median of the per-round (paired) ratios and their range."""
-    mid = rounds[len(rounds) // 2] if len(rounds) % 2 else (rounds[len(rounds) // 2 - 1] + rounds[len(rounds) // 2]) / 2
-    return f"{mid:.3f} ({rounds[0]:.2f}-{rounds[-1]:.2f})"
+    return f"{_median(rounds):.3f} ({rounds[0]:.2f}-{rounds[-1]:.2f})"
 
 
-def step_table(extra: list[str]) -> None:
+def _median(rounds: list[float]) -> float:
+    mid = len(rounds) // 2
+    return rounds[mid] if len(rounds) % 2 else (rounds[mid - 1] + rounds[mid]) / 2
+
+
+def step_table(extra: list[str], out_dir: Path) -> None:
     steps = step_times(extra)
+    rows = []
+    for hidden, m in steps.items():
+        row: dict[str, Any] = {"hidden": int(hidden)}
+        row |= {f"{name}_ms": round(m[name] * 1e3, 4) for name in ("raw_ddp_default", "raw_ddp_same_settings", "accel")}
+        for key, rounds in m["paired_round_ratios"].items():
+            row[f"{key} median"] = round(_median(rounds), 4)
+            row[f"{key} min"], row[f"{key} max"] = round(rounds[0], 4), round(rounds[-1], 4)
+        rows.append(row)
+    save(out_dir, "steps", steps, rows)
     print("\n## Step time, 2 gloo processes (median ms per step; ratios: median of per-round ratios, range)\n")
     print(
         "| hidden | raw DDP (defaults) | raw DDP (same settings) | accel | accel / raw defaults | accel / raw same settings "
@@ -164,9 +241,10 @@ def step_table(extra: list[str]) -> None:
             )
 
 
-def import_table() -> None:
+def import_table(out_dir: Path) -> None:
     torch_us = import_cost("torch")
     accel_us = import_cost("accel")
+    save(out_dir, "import", {"torch_ms": torch_us / 1e3, "accel_ms": accel_us / 1e3})
     print("\n## Import cost (cumulative, -X importtime)\n")
     print("| import torch | import accel (includes torch) | accel's own share |")
     print("| --- | --- | --- |")

@@ -11,7 +11,7 @@
    of a 6-layer, 512-wide decoder (seq 512, batch 16, bf16) eager, compiled whole, and
    compiled region by region.
 
-Prints markdown tables; the figures go into docs/benchmarks.md by hand.
+Prints markdown tables; the figures go into docs/performance.md (and docs/dev/benchmark-log.md) by hand.
 """
 
 from __future__ import annotations
