@@ -81,7 +81,7 @@ CASES: list[ErrorCase] = [
     ErrorCase(
         "accumulation_steps_zero",
         ValueError,
-        r"gradient_accumulation_steps must be >= 1, got 0",
+        r"`gradient_accumulation_steps` must be an int >= 1, got 0",
         lambda _: Accelerator(gradient_accumulation_steps=0),
     ),
     ErrorCase(
