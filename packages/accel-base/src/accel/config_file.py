@@ -21,6 +21,13 @@ from typing import Any
 from .errors import AccelError
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
+_PHRASES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "dict[str, Any]": "a mapping",
+}
 
 
 class ConfigError(AccelError, ValueError):
@@ -89,7 +96,7 @@ class AccelConfig:
                 "dict[str, Any]": isinstance(value, dict),
             }[kind]
             if not ok:
-                raise bad(f.name, "a " + {"dict[str, Any]": "mapping"}.get(kind, kind))
+                raise bad(f.name, _PHRASES[kind])
         if self.mixed_precision not in PRECISIONS:
             raise bad("mixed_precision", " or ".join(PRECISIONS))
         for key in ("num_processes", "num_machines", "gradient_accumulation_steps", "num_cpu_threads_per_process"):

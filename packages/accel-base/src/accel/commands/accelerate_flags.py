@@ -82,6 +82,38 @@ MEGATRON_FLAGS = tuple(
     )
 )
 
+DEEPSPEED_HELP = {
+    "deepspeed_config_file": "DeepSpeedPlugin.hf_ds_config: a DeepSpeed JSON config",
+    "zero_stage": "DeepSpeedPlugin.zero_stage (0-3)",
+    "offload_optimizer_device": "DeepSpeedPlugin.offload_optimizer_device (cpu, nvme)",
+    "offload_param_device": "DeepSpeedPlugin.offload_param_device (cpu, nvme)",
+    "offload_optimizer_nvme_path": "DeepSpeedPlugin.offload_optimizer_nvme_path",
+    "offload_param_nvme_path": "DeepSpeedPlugin.offload_param_nvme_path",
+    "gradient_clipping": "DeepSpeedPlugin.gradient_clipping",
+    "zero3_init_flag": "DeepSpeedPlugin.zero3_init_flag (true/false)",
+    "zero3_save_16bit_model": "DeepSpeedPlugin.zero3_save_16bit_model (true/false)",
+    "deepspeed_multinode_launcher": "only `standard` (torchrun on each node)",
+    "deepspeed_moe_layer_cls_names": "refused: set MoE leaf modules in the script (deepspeed.utils.set_z3_leaf_modules)",
+}
+_DS_LAUNCHER = "accel launch starts every node through torchrun; run `accel launch --nnodes N` on each node"
+FSDP_HELP = {
+    "fsdp_version": "2 only (accel implements FSDP2)",
+    "fsdp_offload_params": "FSDPConfig.cpu_offload (true/false)",
+    "fsdp_min_num_params": "FSDPConfig.min_num_params (with SIZE_BASED_WRAP)",
+    "fsdp_sharding_strategy": "FULL_SHARD or SHARD_GRAD_OP (FSDPConfig.reshard_after_forward); others refused",
+    "fsdp_reshard_after_forward": "FSDPConfig.reshard_after_forward (true/false)",
+    "fsdp_auto_wrap_policy": "FSDPConfig.auto_wrap_policy (TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP)",
+    "fsdp_transformer_layer_cls_to_wrap": "FSDPConfig.transformer_cls_names_to_wrap (comma-separated)",
+    "fsdp_backward_prefetch": "accepted, no effect: FSDP2 prefetches in backward by itself",
+    "fsdp_state_dict_type": "FSDPConfig.state_dict_type (FULL_STATE_DICT, SHARDED_STATE_DICT)",
+    "fsdp_forward_prefetch": "false only",
+    "fsdp_use_orig_params": "true only (FSDP2 always keeps them)",
+    "fsdp_cpu_ram_efficient_loading": "accepted, no effect: every process loads the full model (a note says so)",
+    "fsdp_sync_module_states": "not honoured (a note says so): seed every process the same",
+    "fsdp_activation_checkpointing": "FSDPConfig.activation_checkpointing (true/false)",
+    "fsdp_activation_checkpointing_offload": "false only",
+}
+
 _PODS = "Accelerate's pod launcher is not supported: run `accel launch --nnodes N` on each host"
 _FP8 = "choose the fp8 recipe in the script (accel's fp8 kwargs handlers) or with your adapter's flags"
 _MESH = "build the device mesh in the script (docs/parallelism.md)"
@@ -149,21 +181,28 @@ def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "use_deepspeed", action="store_true", help="the deepspeed strategy (--strategy deepspeed)")
     add_flag(g, "use_fsdp", action="store_true", help="the fsdp2 strategy (--strategy fsdp2)")
     add_flag(g, "use_megatron_lm", action="store_true", help="the megatron strategy (accel-megatron)")
-    add_flag(g, "dynamo_mode", choices=["default", "reduce-overhead", "max-autotune"], default=None)
-    for name in DYNAMO_FLAGS[1:]:
-        add_flag(g, name, action="store_true", default=None)
+    add_flag(
+        g,
+        "dynamo_mode",
+        choices=["default", "reduce-overhead", "max-autotune"],
+        default=None,
+        help="TorchDynamoPlugin.mode",
+    )
+    for name, field in zip(DYNAMO_FLAGS[1:], ("fullgraph", "dynamic", "use_regional_compilation")):
+        add_flag(g, name, action="store_true", default=None, help=f"TorchDynamoPlugin.{field}")
 
     ds = parser.add_argument_group("DeepSpeed (with --use_deepspeed; fields of accel.DeepSpeedPlugin)")
     for name in DEEPSPEED_FLAGS:
-        add_flag(ds, name, default=None, metavar="VALUE")
+        add_flag(ds, name, default=None, metavar="VALUE", help=DEEPSPEED_HELP.get(name, "refused: " + _DS_LAUNCHER))
     fsdp = parser.add_argument_group("FSDP (with --use_fsdp; fields of accel.FSDPConfig)")
     for name in FSDP_FLAGS:
-        add_flag(fsdp, name, default=None, metavar="VALUE")
+        add_flag(fsdp, name, default=None, metavar="VALUE", help=FSDP_HELP[name])
     megatron = parser.add_argument_group(
         "Megatron-LM (with --use_megatron_lm; fields of accel_megatron.MegatronPlugin)"
     )
     for name in MEGATRON_FLAGS:
-        add_flag(megatron, name, default=None, metavar="VALUE")
+        field = name.removeprefix("megatron_lm_").replace("context_parallel_size", "cp_degree")
+        add_flag(megatron, name, default=None, metavar="VALUE", help=f"MegatronPlugin.{field}")
 
     refused = parser.add_argument_group("refused `accelerate launch` flags (each says what to use instead)")
     for name, (takes_value, instead) in REFUSED.items():
@@ -174,6 +213,7 @@ def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
             nargs=None if takes_value else 0,
             dest=f"refused_{name}",
             default=argparse.SUPPRESS,
+            metavar="VALUE" if takes_value else None,
             help=instead,
         )
 

@@ -22,11 +22,13 @@ OPTIONAL = (
 
 
 def installed(module: str) -> bool:
-    """Whether `module` can be imported here, without importing it."""
+    """Whether `module` can be imported here, without importing it (a bare folder of that name in the
+    working directory, a namespace package, does not count)."""
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return False
+    return spec is not None and spec.origin is not None
 
 
 def version(dist: str) -> str:
@@ -68,7 +70,7 @@ def env_report() -> str:
         lines.append(f"selected: {selected.name}")
     except Exception as exc:  # report, do not fail: this is a diagnostic command
         lines.append(f"selected: error: {exc}")
-    from .launch import STRATEGY_REQUIRES
+    from .launch_resolve import STRATEGY_REQUIRES
 
     lines += ["", "strategies:"]
     for name, rec in sorted(registry.strategy_records().items()):

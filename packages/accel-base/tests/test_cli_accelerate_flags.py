@@ -1,0 +1,141 @@
+"""Every `accelerate launch` flag (Accelerate 1.15.0's parser, fixtures/accelerate/launch_flags.json) is
+accepted by `accel launch` with the same meaning under both spellings, or refused saying what to use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from accel.cli import _launch_parser, build_torchrun_argv, worker_env
+from accel.commands import UsageError
+from accel.commands.launch_resolve import resolve
+
+FLAGS = json.loads((Path(__file__).parent / "fixtures" / "accelerate" / "launch_flags.json").read_text())
+# Named after one vendor's hardware: the core declares none of them (the adapter for that hardware does).
+VENDOR_FLAGS = {"tpu", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
+SAMPLES = {"config_file": "c.yaml", "tee": "3", "rdzv_conf": "timeout=5", "gpu_ids": "0,1", "role": "trainer"}
+
+
+def outcome(option: str, spec: dict[str, object], capsys: pytest.CaptureFixture[str]) -> str:
+    argv = [option]
+    if spec["takes_value"]:
+        choices = spec["choices"]
+        argv.append(str(choices[0]) if choices else SAMPLES.get(option.lstrip("-").replace("-", "_"), "1"))  # type: ignore[index]
+    argv.append("train.py")
+    try:
+        _launch_parser(argv).parse_args(argv)
+    except SystemExit as exc:
+        err = capsys.readouterr().err
+        assert exc.code == 2
+        if "is not supported by accel launch: " in err:
+            return "refused"
+        if "come with its accel adapter package" in err:
+            return "vendor"
+        return f"error: {err}"
+    return "accepted"
+
+
+def test_every_accelerate_flag_is_accepted_or_refused_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    seen: dict[str, set[str]] = {}
+    for name, spec in FLAGS.items():
+        results = {outcome(option, spec, capsys) for option in spec["options"]}
+        assert len(results) == 1, f"{name}: its spellings behave differently: {results}"
+        seen.setdefault(results.pop(), set()).add(name)
+    assert set(seen) <= {"accepted", "refused", "vendor"}, seen
+    assert seen["vendor"] == VENDOR_FLAGS
+    assert len(seen["accepted"]) >= 80  # processes, rendezvous, DeepSpeed, FSDP, Megatron, dynamo, ...
+    for must in ("multi_gpu", "config_file", "num_machines", "machine_rank", "gradient_accumulation_steps",
+                 "dynamo_backend", "use_deepspeed", "num_cpu_threads_per_process", "same_network"):  # fmt: skip
+        assert must in seen["accepted"], must
+    assert "gpu_ids" in seen["refused"]
+
+
+@pytest.mark.parametrize("spelling", ["snake", "kebab"])
+def test_both_spellings_mean_the_same(tmp_path: Path, spelling: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+
+    def flag(name: str) -> str:
+        return "--" + (name if spelling == "snake" else name.replace("_", "-"))
+
+    argv = [flag("num_processes"), "4", flag("num_machines"), "2", flag("machine_rank"), "1"]
+    argv += [flag("main_process_ip"), "10.0.0.1", flag("main_process_port"), "29555", flag("rdzv_backend"), "static"]
+    argv += [flag("mixed_precision"), "bf16", flag("gradient_accumulation_steps"), "2", "--cpu", str(script)]
+    parser = _launch_parser(argv)
+    args = resolve(parser.parse_args(argv), parser)
+    torchrun = build_torchrun_argv(args)
+    # Accelerate's --num_processes counts every machine's processes; torchrun's counts per node.
+    assert torchrun[:6] == ["--nproc-per-node", "2", "--nnodes", "2", "--max-restarts", "0"]
+    assert torchrun[torchrun.index("--node-rank") + 1] == "1"
+    assert torchrun[torchrun.index("--master-addr") + 1] == "10.0.0.1"
+    assert torchrun[torchrun.index("--master-port") + 1] == "29555"
+    env = worker_env(args)
+    assert (env["ACCEL_MIXED_PRECISION"], env["ACCEL_GRADIENT_ACCUMULATION_STEPS"]) == ("bf16", "2")
+
+
+def _env_for(tmp_path: Path, *flags: str) -> dict[str, str]:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = ["--cpu", *flags, str(script)]
+    parser = _launch_parser(argv)
+    return worker_env(resolve(parser.parse_args(argv), parser))
+
+
+def test_fsdp_flags_become_the_fsdp2_config(tmp_path: Path) -> None:
+    env = _env_for(
+        tmp_path,
+        "--use_fsdp",
+        "--fsdp_offload_params",
+        "true",
+        "--fsdp_sharding_strategy",
+        "SHARD_GRAD_OP",
+        "--fsdp_auto_wrap_policy",
+        "TRANSFORMER_BASED_WRAP",
+        "--fsdp-transformer-layer-cls-to-wrap",
+        "Block,Head",
+        "--fsdp_state_dict_type",
+        "SHARDED_STATE_DICT",
+        "--fsdp_activation_checkpointing",
+        "true",
+    )
+    assert env["ACCEL_STRATEGY"] == "fsdp2"
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {
+        "cpu_offload": True,
+        "reshard_after_forward": False,
+        "auto_wrap_policy": "transformer_based_wrap",
+        "transformer_cls_names_to_wrap": ["Block", "Head"],
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "activation_checkpointing": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--use_fsdp", "--fsdp_version", "1"), "--fsdp_version: accel implements FSDP2 only"),
+        (("--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"), "use the ddp strategy instead"),
+        (("--use_fsdp", "--fsdp_forward_prefetch", "true"), "--fsdp_forward_prefetch"),
+        (("--fsdp_offload_params", "true"), "add --use_fsdp"),
+        (("--use_fsdp", "--fsdp_state_dict_type", "LOCAL_STATE_DICT"), "FULL_STATE_DICT or SHARDED_STATE_DICT"),
+    ],
+)
+def test_fsdp_settings_accel_cannot_honour_are_refused(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        _env_for(tmp_path, *flags)
+
+
+def test_dynamo_flags(tmp_path: Path) -> None:
+    env = _env_for(tmp_path, "--dynamo_backend", "inductor", "--dynamo_mode", "max-autotune", "--dynamo_use_fullgraph")
+    assert env["ACCEL_DYNAMO_BACKEND"] == "inductor"
+    assert (env["ACCEL_DYNAMO_MODE"], env["ACCEL_DYNAMO_USE_FULLGRAPH"]) == ("max-autotune", "true")
+
+
+def test_a_non_selected_adapters_flags_are_an_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"--fakedev-lazy: a flag of the 'fakedev' adapter, but 'cpu' is selected: "):
+        _env_for(tmp_path, "--fakedev-lazy")
+    # Selected, the same flag reaches the workers.
+    script = tmp_path / "train.py"
+    argv = ["--adapter", "fakedev", "--emulate", "--fakedev-lazy", str(script)]
+    parser = _launch_parser(argv)
+    assert worker_env(resolve(parser.parse_args(argv), parser))["FAKEDEV_LAZY"] == "1"

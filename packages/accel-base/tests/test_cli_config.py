@@ -1,0 +1,230 @@
+"""`accel config` and config files: accel's typed YAML file, and Accelerate's own files read as they are
+(fixtures/accelerate: written by Accelerate 1.15.0)."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from accel.accelerate_config import accelerate_launch_defaults
+from accel.cli import _launch_parser, build_torchrun_argv, main, worker_env
+from accel.commands import UsageError
+from accel.commands.launch_resolve import resolve
+from accel.config_file import AccelConfig, ConfigError, default_config_path, load_accel_config, read_yaml
+from accel.registry import select_adapter
+
+FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cfg" / "accel.yaml"
+    monkeypatch.setenv("ACCEL_CONFIG_FILE", str(path))
+    return path
+
+
+def test_default_location_is_documented(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_config_path() == tmp_path / "accel" / "default_config.yaml"
+    monkeypatch.setenv("ACCEL_CONFIG_FILE", "~/x.yaml")
+    assert default_config_path() == Path.home() / "x.yaml"
+
+
+def test_config_default_writes_a_file_launch_reads(config_path: Path) -> None:
+    assert main(["config", "default", "--mixed-precision", "bf16", "--num_processes", "2"]) == 0
+    config = load_accel_config(config_path)
+    assert config == AccelConfig(mixed_precision="bf16", num_processes=2)
+    assert main(["config", "default"]) == 1  # never overwritten silently
+    assert main(["config", "default", "--force"]) == 0
+    assert load_accel_config(config_path) == AccelConfig()
+
+
+def test_config_update_changes_only_the_keys_given(config_path: Path) -> None:
+    main(["config", "default", "--mixed-precision", "bf16"])
+    assert (
+        main(["config", "update", "--gradient-accumulation-steps", "4", "--strategy-config", '{"zero_stage": 3}']) == 0
+    )
+    assert load_accel_config(config_path) == AccelConfig(
+        mixed_precision="bf16", gradient_accumulation_steps=4, strategy_config={"zero_stage": 3}
+    )
+    assert main(["config", "update", "--num-processes", "two"]) == 2
+    assert main(["config", "update", "--mixed-precision", "fp64"]) == 2
+
+
+def test_questions_on_a_terminal(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter(["", "", "three", "3", "", "", "", "", "", "fp16"] + [""] * 20)
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(answers))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    assert main(["config", "--debug", "true"]) == 0  # a flag answers its question
+    assert load_accel_config(config_path) == AccelConfig(num_processes=3, mixed_precision="fp16", debug=True)
+
+
+def test_without_a_terminal_no_question_is_asked(config_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "config", "--num-processes", "2"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert load_accel_config(config_path) == AccelConfig(num_processes=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mixed_precision: bf16\nnum_procs: 2\n", r":2: unknown key 'num_procs'; accel config files take adapter"),
+        ("debug: false\nnum_processes: two\n", r":2: num_processes: expected an integer, got 'two'"),
+        ("num_machines: 2\nmachine_rank: 2\n", r":2: machine_rank: expected 0 <= machine_rank < num_machines \(2\)"),
+        ("debug: false\nmixed_precision: bf16: fp16\n", r":2: not valid YAML \(mapping values are not allowed"),
+        ("- a\n- b\n", r"holds a mapping of keys to values"),
+    ],
+)
+def test_errors_name_the_line_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_accel_config(path)
+
+
+def _launch_args(tmp_path: Path, *flags: str):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = [*flags, str(script)]
+    parser = _launch_parser(argv)
+    return resolve(parser.parse_args(argv), parser)
+
+
+def test_flags_win_over_the_file(config_path: Path, tmp_path: Path) -> None:
+    main(["config", "default", "--mixed-precision", "bf16", "--num-processes", "2", "--adapter", "cpu"])
+    args = _launch_args(tmp_path, "--mixed_precision", "fp16")
+    assert (args.mixed_precision, args.num_processes) == ("fp16", 2)
+    assert worker_env(args)["ACCEL_MIXED_PRECISION"] == "fp16"
+
+
+def expected_from_fixture(name: str) -> dict[str, object]:
+    data, lines = read_yaml(FIXTURES / name)
+    return accelerate_launch_defaults(data, lines)[0]
+
+
+def test_accelerate_files_map_key_by_key() -> None:
+    base = {"nnodes": "1", "node_rank": 0, "rdzv_backend": "static"}
+    assert expected_from_fixture("default_config.yaml") == {
+        **base,
+        "mixed_precision": "no",
+        "cpu": True,
+        "num_processes": 1,
+    }
+    assert expected_from_fixture("multi_cpu.yaml") == {
+        **base,
+        "mixed_precision": "bf16",
+        "cpu": True,
+        "num_processes": 2,
+        "master_port": 29511,
+    }
+    assert expected_from_fixture("fsdp2.yaml") == {
+        **base,
+        "mixed_precision": "bf16",
+        "num_processes": 2,
+        "strategy": "fsdp2",
+        "strategy_kwargs": {
+            "activation_checkpointing": False,
+            "auto_wrap_policy": "transformer_based_wrap",
+            "cpu_offload": False,
+            "reshard_after_forward": True,
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "transformer_cls_names_to_wrap": ["Block"],
+        },
+    }
+    assert expected_from_fixture("deepspeed.yaml") == {
+        **base,
+        "mixed_precision": "bf16",
+        "num_processes": 2,
+        "strategy": "deepspeed",
+        "gradient_accumulation_steps": 4,
+        "strategy_kwargs": {
+            "gradient_accumulation_steps": 4,
+            "gradient_clipping": 1.0,
+            "zero3_init_flag": False,
+            "zero_stage": 2,
+        },
+    }
+    multi = expected_from_fixture("multi_hpu.yaml")  # two machines of 4: Accelerate's 8 is the total
+    assert (multi["nnodes"], multi["node_rank"], multi["num_processes"]) == ("2", 1, 4)
+    assert (multi["master_addr"], multi["master_port"], multi["rdzv_backend"]) == ("10.0.0.1", 29500, "c10d")
+    assert multi["required_hardware"] == "MULTI_HPU"
+    gpu = expected_from_fixture("multi_gpu.yaml")
+    assert (gpu["dynamo_backend"], gpu["dynamo_mode"], gpu["dynamo_use_fullgraph"]) == ("inductor", "default", False)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("fsdp1.yaml", r"fsdp1.yaml:16: fsdp_config.fsdp_version: accel implements FSDP2 only"),
+        ("xla.yaml", r"xla.yaml:15: tpu_use_sudo: accel has no equivalent; remove the key"),
+    ],
+)
+def test_accelerate_keys_accel_cannot_honour_are_named_with_their_line(name: str, message: str) -> None:
+    data, lines = read_yaml(FIXTURES / name)
+    with pytest.raises(ConfigError, match=message):
+        accelerate_launch_defaults(data, lines)
+
+
+def test_megatron_file_maps_onto_the_plugin_or_says_what_to_install() -> None:
+    data, lines = read_yaml(FIXTURES / "megatron.yaml")
+    try:
+        import accel_megatron  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"megatron.yaml:\d+: megatron_lm_config.*pip install accel-megatron"):
+            accelerate_launch_defaults(data, lines)
+        return
+    values, _ = accelerate_launch_defaults(data, lines)
+    assert values["strategy"] == "megatron"
+    assert values["strategy_kwargs"]["tp_degree"] == 2 and values["strategy_kwargs"]["pp_degree"] == 2
+
+
+def test_hardware_type_without_its_adapter_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCEL_ADAPTER", raising=False)
+    monkeypatch.delenv("ACCEL_TEST_FAKEDEV", raising=False)
+    if select_adapter(None).name != "cpu":
+        pytest.skip("an accelerator adapter is available here: the file's hardware request is met")
+    with pytest.raises(UsageError, match="asks for distributed_type MULTI_GPU, but no adapter for that hardware"):
+        _launch_args(tmp_path, "--config_file", str(FIXTURES / "multi_gpu.yaml"))
+    # The command line choosing the CPU wins over the file.
+    args = _launch_args(tmp_path, "--config_file", str(FIXTURES / "multi_gpu.yaml"), "--cpu")
+    assert build_torchrun_argv(args)[:2] == ["--nproc-per-node", "8"]
+
+
+def test_launch_with_an_accelerate_config_file(tmp_path: Path) -> None:
+    """`accel launch --config_file` on the file `accelerate config` wrote for 2 CPU processes in bf16."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "multi_cpu.yaml"
+    config.write_text((FIXTURES / "multi_cpu.yaml").read_text().replace("29511", str(port)))
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os\nfrom accel import Accelerator\nacc = Accelerator()\n"
+        "print(json.dumps([acc.process_index, acc.num_processes, acc.mixed_precision, os.environ['MASTER_PORT']]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("ACCEL_ADAPTER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "launch", "--config_file", str(config), str(probe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = sorted(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    assert rows == [[0, 2, "bf16", str(port)], [1, 2, "bf16", str(port)]]
