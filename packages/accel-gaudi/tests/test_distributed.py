@@ -86,6 +86,25 @@ out["fast_all_reduces_per_step"] = counts
 out["mark_steps"] = hpu_emulated.calls["mark_step"]
 out["fast"] = {k: v.tolist() for k, v in fast.state_dict().items()}
 
+# Accelerator.no_sync under fast_ddp: nothing is reduced inside; the next synchronising
+# backward reduces what accumulated, so both ranks end with the same averaged gradient.
+real_all_reduce, reduced = dist.all_reduce, [0]
+def counting(*a, **k):
+    reduced[0] += 1
+    return real_all_reduce(*a, **k)
+dist.all_reduce = counting
+for p in fast.parameters():
+    p.grad = None
+x, y = batch(0, rank)
+with acc.no_sync(fast):
+    acc.backward(nn.functional.mse_loss(fast(x), y))
+inside = reduced[0]
+out["no_sync_local_grad"] = fast.head.bias.grad.tolist()
+acc.backward(nn.functional.mse_loss(fast(x), y))
+dist.all_reduce = real_all_reduce
+out["no_sync_all_reduces"] = [inside, reduced[0]]
+out["no_sync_grad"] = fast.head.bias.grad.tolist()
+
 acc = fresh("ddp", kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.NO, bucket_cap_mb=1)])
 ddp, _ = train(acc, copy.deepcopy(reference_start))
 out["ddp_type"] = type(ddp).__name__
@@ -163,6 +182,15 @@ def test_fast_ddp_matches_ddp_after_steps(results):
 def test_fast_ddp_issues_exactly_one_all_reduce_per_optimizer_step(results):
     # 3 optimizer steps of 2 micro-batches each: the accumulating micro-batch reduces nothing.
     assert [r["fast_all_reduces_per_step"] for r in results] == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_no_sync_suppresses_fast_ddp_reduction(results):
+    r0, r1 = results
+    assert [r["no_sync_all_reduces"] for r in results] == [[0, 1], [0, 1]]
+    assert r0["no_sync_local_grad"] != r1["no_sync_local_grad"]  # different data: local gradients differ
+    assert r0["no_sync_grad"] == r1["no_sync_grad"]  # then one reduction averaged both backwards
+    expected = [(a + b) for a, b in zip(r0["no_sync_local_grad"], r1["no_sync_local_grad"])]
+    assert r0["no_sync_grad"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_mark_step_counts_under_fast_ddp(results):

@@ -24,7 +24,7 @@ from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import is_compiled_module
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
-from .errors import CheckpointError
+from .errors import CheckpointError, StrategyNotSupportedError
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -151,6 +151,16 @@ class Accelerator(AcceleratorCompatMixin):
             _from_accelerator=True,
         )
         self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(strategy_config)
+        supported = self.adapter.capabilities.strategies
+        if self.strategy.name not in supported:
+            raise StrategyNotSupportedError(
+                f"The {self.adapter.name!r} adapter does not support the {self.strategy.name!r} strategy; it supports "
+                f"{sorted(supported)}. Pick one of those, or an adapter that supports {self.strategy.name!r}."
+            )
+        # Called after every backward with whether it synchronises gradients; looked up once
+        # so that strategies without the hook cost nothing per step.
+        overridden = type(self.strategy).after_backward is not Strategy.after_backward
+        self._strategy_after_backward = self.strategy.after_backward if overridden else None
         use_distributed = self.state.use_distributed
         self.state._partial.distributed_type = self.strategy.distributed_type(
             use_distributed
@@ -335,6 +345,7 @@ class Accelerator(AcceleratorCompatMixin):
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
+            adapter_defaults=self.adapter.strategy_defaults(self.strategy.name),
         )
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -495,6 +506,8 @@ class Accelerator(AcceleratorCompatMixin):
         if not self.strategy.backward(loss, self, **kwargs):
             self.adapter.backward(loss, **kwargs)
         self.adapter.after_backward()
+        if self._strategy_after_backward is not None:
+            self._strategy_after_backward(self.gradient_state.sync_gradients)
 
     def _do_sync(self) -> None:
         gs = self.gradient_state

@@ -309,6 +309,11 @@ class Adapter:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # ---- strategies -----------------------------------------------------------------------
+    def default_strategy(self) -> str:
+        """The strategy used when the user names none (`Accelerator(strategy=...)`, `ACCEL_STRATEGY`);
+        it must be one of `capabilities.strategies`."""
+        return "ddp"
+
     def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
         """Defaults this hardware's users expect from the strategy `strategy_name`, in that
         strategy's own config format (e.g. a DeepSpeed config dict for "deepspeed").

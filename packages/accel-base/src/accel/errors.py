@@ -15,6 +15,10 @@ class StrategyNotFoundError(AdapterNotFoundError):
     """No installed strategy has the requested name, or it failed to load."""
 
 
+class StrategyNotSupportedError(AccelError, ValueError):
+    """The selected adapter does not support the requested strategy (`Capabilities.strategies`)."""
+
+
 class AdapterUnavailableError(AccelError, RuntimeError):
     """The requested adapter is installed but its hardware is not present."""
 

@@ -33,6 +33,8 @@ class PrepareContext:
     dynamo_plugin: TorchDynamoPlugin | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """Free-form room for adapters and strategies to pass data between their hooks."""
+    adapter_defaults: dict[str, Any] = field(default_factory=dict)
+    """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)
     """The Accelerator's kwargs handlers by class, so an adapter can read its own (e.g. an fp8 recipe)."""
 

@@ -35,7 +35,7 @@ class CUDAAdapter(Adapter):
     data_parallel_name: ClassVar[str] = "MULTI_GPU"
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16", "fp16", "fp8"}),
-        strategies=frozenset({"ddp", "fsdp2"}),
+        strategies=frozenset({"ddp", "fsdp2", "deepspeed", "megatron"}),
         compile=True,
         multi_process=True,
     )

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from accel.errors import AccelError
 from accel.kwargs import KwargsHandler
 
 FP8_BACKENDS = ("te", "ao")
@@ -22,7 +23,7 @@ TE_FORMATS = ("HYBRID", "E4M3", "E5M2")
 TE_AMAX_ALGOS = ("max", "most_recent")
 
 
-class FP8BackendError(RuntimeError):
+class FP8BackendError(AccelError, RuntimeError):
     """fp8 was asked for but cannot run here (no library, or a GPU without fp8 tensor cores)."""
 
 

@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from accel.precision import wrap_forward_in_autocast
-from accel.state import GradientState
 
 from . import options as opts
-from .fast_ddp import FastDDP
 from .fp8 import GaudiFP8RecipeKwargs, convert_linears
 
 if TYPE_CHECKING:
@@ -43,7 +41,7 @@ class GaudiAdapter(Adapter):
     capabilities: ClassVar[Capabilities] = Capabilities(
         # fp16 is refused on Gaudi (its own Accelerator does the same): bf16 has the range.
         precisions=frozenset({"no", "bf16", "fp8"}),
-        strategies=frozenset({"ddp", "fsdp2"}),
+        strategies=frozenset({"ddp", "fast_ddp", "fsdp2", "deepspeed"}),
         compile=True,
         multi_process=True,
     )
@@ -54,7 +52,6 @@ class GaudiAdapter(Adapter):
         super().__init__(emulate=emulate, options=options)
         self.config = opts.GaudiOptions.from_env(overrides=options)
         """The parsed options (launch flags / `ACCEL_GAUDI_*`, then `options` overrides)."""
-        self._fast_ddp: FastDDP | None = None
         self._lazy: bool | None = None
 
     # ---- discovery and device -----------------------------------------------------------
@@ -155,19 +152,13 @@ class GaudiAdapter(Adapter):
 
     def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         fast = self.config.distribution_strategy == "fast_ddp"
-        if fast and ctx.strategy.name != "ddp":
+        if fast and ctx.strategy.name != "fast_ddp":
             raise ValueError(
                 f"distribution_strategy='fast_ddp' replaces DDP and applies to the 'ddp' strategy only; this "
                 f"Accelerator uses {ctx.strategy.name!r}. Drop --distribution-strategy fast_ddp or use strategy 'ddp'."
             )
-        if ctx.strategy.name == "ddp" and ctx.use_distributed:
+        if ctx.strategy.name in ("ddp", "fast_ddp") and ctx.use_distributed:
             self._check_on_device(model, ctx)
-        if fast:
-            if ctx.use_distributed and any(p.requires_grad for p in model.parameters()):
-                if self._fast_ddp is None:
-                    self._fast_ddp = FastDDP(self.vendor.ALLREDUCE_DTYPE)
-                self._fast_ddp.register(model)
-            return model
         return ctx.strategy.wrap_model(model, ctx)
 
     def _check_on_device(self, model: torch.nn.Module, ctx: PrepareContext) -> None:
@@ -200,20 +191,26 @@ class GaudiAdapter(Adapter):
     def after_backward(self) -> None:
         if self.lazy:
             self.vendor.mark_step()
-        if self._fast_ddp is not None and self._fast_ddp and GradientState().sync_gradients:
-            self._fast_ddp.all_reduce_gradients()
 
     def after_optimizer_step(self) -> None:
         if self.lazy:
             self.vendor.mark_step()
 
     # ---- strategies -----------------------------------------------------------------------
+    def default_strategy(self) -> str:
+        """`fast_ddp` when Gaudi's `distribution_strategy` option asks for it, else `ddp`."""
+        return "fast_ddp" if self.config.distribution_strategy == "fast_ddp" else "ddp"
+
     def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
-        """DeepSpeed: clip the global gradient norm at 1.0 unless the user sets `gradient_clipping`
+        """fast_ddp: reduce in the vendor module's `ALLREDUCE_DTYPE` (bf16 on HPU).
+
+        DeepSpeed: clip the global gradient norm at 1.0 unless the user sets `gradient_clipping`
         (Gaudi's own Accelerator fills the value so, and DeepSpeed alone clips at 1.0 too); the
         config, `DeepSpeedPlugin(gradient_clipping=...)` and the Accelerator all take precedence."""
         if strategy_name == "deepspeed":
             return {"gradient_clipping": DEEPSPEED_GRADIENT_CLIPPING}
+        if strategy_name == "fast_ddp":
+            return {"allreduce_dtype": self.vendor.ALLREDUCE_DTYPE}
         return {}
 
     # ---- launch ---------------------------------------------------------------------------

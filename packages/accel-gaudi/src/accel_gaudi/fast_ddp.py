@@ -8,14 +8,27 @@ rank, while one that got none anywhere keeps `grad=None` (as DDP leaves it).
 
 Reducing twice in one step is harmless: an averaged gradient is the same on every rank, so
 averaging it again changes nothing.
+
+`FastDDPStrategy` is how the Accelerator uses it: a strategy of its own (entry point
+`fast_ddp` in `accel.strategies`), chosen by Gaudi's `distribution_strategy="fast_ddp"`
+option. Inside `no_sync` (and on accumulating micro-batches) it reduces nothing; the next
+synchronising backward reduces the accumulated gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from accel.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from accel.prepare import PrepareContext
 
 
 class FastDDP:
@@ -76,3 +89,45 @@ class FastDDP:
             for i in missing:
                 if present[i]:
                     params[i].grad = reduced[i].to(params[i].dtype).clone()
+
+
+@dataclass(kw_only=True, frozen=True)
+class FastDDPConfig:
+    """fast_ddp's settings; the Gaudi adapter fills `allreduce_dtype` (`strategy_defaults`)."""
+
+    allreduce_dtype: torch.dtype | None = None
+    """Dtype of the flat reduction buffer (None: the adapter's default, else fp32)."""
+
+
+class FastDDPStrategy(Strategy):
+    """Data parallelism without a wrapper: one flat all-reduce after the backward that syncs."""
+
+    name: ClassVar[str] = "fast_ddp"
+
+    def __init__(self, config: FastDDPConfig | None = None) -> None:
+        super().__init__(config or FastDDPConfig())
+        self._reducer: FastDDP | None = None
+        self._paused = 0
+
+    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        if ctx.use_distributed and any(p.requires_grad for p in model.parameters()):
+            if self._reducer is None:
+                dtype = self.config.allreduce_dtype or ctx.adapter_defaults.get("allreduce_dtype") or torch.float32
+                self._reducer = FastDDP(dtype)
+            self._reducer.register(model)
+        return model
+
+    @contextlib.contextmanager
+    def _pause(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return self._pause()
+
+    def after_backward(self, sync: bool) -> None:
+        if sync and not self._paused and self._reducer is not None and self._reducer:
+            self._reducer.all_reduce_gradients()

@@ -11,11 +11,13 @@ import importlib.metadata
 import importlib.util
 import re
 
+from accel.errors import AccelError
+
 DISTRIBUTION = "intel-extension-for-pytorch"
 MODULE = "intel_extension_for_pytorch"
 
 
-class IpexVersionError(ImportError):
+class IpexVersionError(AccelError, ImportError):
     """intel-extension-for-pytorch and torch are from different minor releases."""
 
 

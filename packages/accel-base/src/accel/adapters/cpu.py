@@ -16,7 +16,7 @@ class CPUAdapter(Adapter):
     hardware_backend: ClassVar[str] = "gloo"
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16", "fp16"}),
-        strategies=frozenset({"ddp", "fsdp2"}),
+        strategies=frozenset({"ddp", "fsdp2", "deepspeed", "megatron"}),
         compile=True,
         multi_process=True,
     )

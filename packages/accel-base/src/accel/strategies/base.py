@@ -78,6 +78,11 @@ class Strategy:
         """Hook for schedulers the strategy's engine steps itself. Default: unchanged."""
         return scheduler
 
+    def after_backward(self, sync: bool) -> None:
+        """Runs after every `Accelerator.backward`; `sync` says whether this backward closes an
+        accumulation window (gradients must be synchronised now). For strategies that reduce
+        gradients themselves instead of through a wrapper's hooks; the default does nothing."""
+
     def backward(self, loss: torch.Tensor, accelerator: Any, **kwargs: Any) -> bool:
         """Run backward through the strategy's engine; return False to let the adapter do it."""
         return False

@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 
+from ..errors import AccelError
+
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEFAULT_ZERO_STAGE = 2
 
 
-class DeepSpeedConfigError(ValueError):
+class DeepSpeedConfigError(AccelError, ValueError):
     """A DeepSpeed setting conflicts with the Accelerator's, or cannot be filled."""
 
 

@@ -1,0 +1,30 @@
+"""Which strategy runs: the user's, else the adapter's default; one the adapter does not claim is refused."""
+
+from __future__ import annotations
+
+import pytest
+from accel import Accelerator
+from accel.errors import AccelError, StrategyNotSupportedError
+
+
+def test_a_strategy_the_adapter_does_not_claim_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_TEST_FAKEDEV", "1")
+    with pytest.raises(
+        StrategyNotSupportedError,
+        match=r"The 'fakedev' adapter does not support the 'fsdp2' strategy; it supports \['ddp'\]\. Pick one",
+    ) as info:
+        Accelerator(adapter="fakedev", emulate=True, strategy="fsdp2")
+    assert isinstance(info.value, AccelError) and isinstance(info.value, ValueError)
+
+
+def test_the_adapter_names_the_default_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.adapters.cpu import CPUAdapter
+
+    monkeypatch.setattr(CPUAdapter, "default_strategy", lambda self: "fsdp2")
+    assert Accelerator().strategy.name == "fsdp2"
+    monkeypatch.setenv("ACCEL_STRATEGY", "ddp")
+    from accel.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert Accelerator().strategy.name == "ddp"  # the user's choice wins
