@@ -10,6 +10,7 @@ import contextlib
 import gc
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from .optimizer import AcceleratedOptimizer
 from .precision import remove_autocast_wrapper
 from .prepare import PrepareContext
 from .registry import get_strategy_class
-from .scheduler import AcceleratedScheduler
+from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 from .state import AcceleratorState, DistributedType, GradientState
 from .strategies.base import Strategy
 from .trackers import TrackerHub
@@ -197,6 +198,7 @@ class Accelerator(AcceleratorCompatMixin):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
+        self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
         self._save_state_pre_hooks: dict[int, Callable[..., Any]] = {}
         self._load_state_pre_hooks: dict[int, Callable[..., Any]] = {}
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
@@ -427,8 +429,11 @@ class Accelerator(AcceleratorCompatMixin):
             return optimizer  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
+        original = optimizer
         optimizer = self.strategy.prepare_optimizer(optimizer, self)
         optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
+        if optimizer is not original:
+            self._follow_replaced_optimizer(original, optimizer)
         wrapped = AcceleratedOptimizer(
             optimizer, device_placement=device_placement, scaler=self.scaler, adapter=self.adapter, device=self.device
         )
@@ -440,6 +445,10 @@ class Accelerator(AcceleratorCompatMixin):
         if getattr(scheduler, "_is_accel_prepared", False):
             return scheduler  # type: ignore[no-any-return]
         optimizer = scheduler.optimizer
+        replacement = self._replaced_optimizers.get(id(optimizer))
+        if replacement is not None and replacement[0]() is optimizer:
+            follow_replaced_optimizer(scheduler, optimizer, replacement[1])
+            optimizer = replacement[1]
         scheduler = self.strategy.prepare_scheduler(scheduler, self)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is optimizer or opt is optimizer] or [optimizer]
         wrapped = AcceleratedScheduler(
@@ -451,6 +460,14 @@ class Accelerator(AcceleratorCompatMixin):
         )
         self._schedulers.append(wrapped)
         return wrapped
+
+    def _follow_replaced_optimizer(self, old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
+        """Schedulers follow an optimizer the strategy or adapter replaced: those prepared already
+        now, and those prepared later (in this or a later `prepare` call) when they are wrapped."""
+        self._replaced_optimizers[id(old)] = (weakref.ref(old), new)
+        for sched in self._schedulers:
+            if sched.scheduler.optimizer is old:
+                follow_replaced_optimizer(sched.scheduler, old, new)
 
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None

@@ -37,6 +37,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._scale_before: torch.Tensor | None = None
         self._accelerate_step_called = False
+        from .adapter import Adapter
+
+        # Whether the adapter replaces the optimizer step (then fp16 steps go through it too).
+        self._vendor_step = adapter is not None and type(adapter).optimizer_step is not Adapter.optimizer_step
         if device_placement and device is not None and optimizer.state:
             state = optimizer.state_dict()
             optimizer.load_state_dict(send_to_device(state, device))
@@ -97,9 +101,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             # synchronise with the device on every step.
             scale = self.scaler._scale
             self._scale_before = scale.clone() if scale is not None else None
-            result = (
-                self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
-            )
+            result = self._scaled_step(closure)
             self.scaler.update()
         elif self.adapter is not None:
             result = self.adapter.optimizer_step(self.optimizer, closure)
@@ -108,6 +110,28 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.adapter is not None:
             self.adapter.after_optimizer_step()
         return result
+
+    def _scaled_step(self, closure: Any) -> Any:
+        """The grad scaler's step; it calls `optimizer.step()` only when gradients are finite.
+
+        An adapter with its own optimizer step (a vendor's fused update) gets that call: the
+        optimizer's `step` is routed to `adapter.optimizer_step` for the duration of the
+        scaler's step, so fp16 loss scaling and a vendor step compose.
+        """
+        optimizer, scaler = self.optimizer, self.scaler
+        if not self._vendor_step:
+            return scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+        own = optimizer.__dict__.get("step", _NOT_SET)  # e.g. a scheduler's step-tracking wrapper
+
+        def vendor_step(*args: Any, **kwargs: Any) -> Any:
+            _restore_step(optimizer, own)
+            return self.adapter.optimizer_step(optimizer, closure)
+
+        optimizer.step = vendor_step  # type: ignore[method-assign]
+        try:
+            return scaler.step(optimizer)
+        finally:
+            _restore_step(optimizer, own)
 
     @property
     def step_was_skipped(self) -> bool:
@@ -128,3 +152,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+_NOT_SET = object()
+
+
+def _restore_step(optimizer: torch.optim.Optimizer, own: Any) -> None:
+    if own is _NOT_SET:
+        optimizer.__dict__.pop("step", None)
+    else:
+        optimizer.step = own  # type: ignore[method-assign]

@@ -70,3 +70,44 @@ class AcceleratedScheduler:
         if name.startswith("__") or "scheduler" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.__dict__["scheduler"], name)
+
+
+def follow_replaced_optimizer(scheduler: Any, old: Any, new: Any) -> None:
+    """Point a torch scheduler built on optimizer `old` at its replacement `new`.
+
+    A strategy or adapter may hand back a new optimizer from `prepare` (a vendor's fused
+    optimizer, an engine's wrapper). A scheduler built before `prepare` still holds the old
+    one: it would report its schedule while the new optimizer trains at the base rate. Each
+    group's current and initial learning rate (and the other values a scheduler writes, e.g.
+    momentum) move to the new optimizer's matching group, and `new.step` is tracked the way
+    the scheduler tracked `old.step`, so torch's step-order check keeps working.
+
+    Raises:
+        ValueError: the two optimizers have different numbers of parameter groups.
+    """
+    if len(old.param_groups) != len(new.param_groups):
+        raise ValueError(
+            f"The prepared optimizer replacing {type(old).__name__} has {len(new.param_groups)} parameter groups, "
+            f"the original {len(old.param_groups)}: its scheduler cannot follow it. An adapter or strategy that "
+            "replaces an optimizer must keep its parameter groups."
+        )
+    scheduled = ("lr", "initial_lr", "momentum", "betas", "max_lr", "min_lr", "max_momentum", "base_momentum")
+    for before, after in zip(old.param_groups, new.param_groups):
+        for key in scheduled:
+            if key in before:
+                after[key] = before[key]
+    scheduler.optimizer = new
+    _track_step_calls(new)
+
+
+def _track_step_calls(optimizer: Any) -> None:
+    step = optimizer.step
+    if getattr(step, "_wrapped_by_lr_sched", False):
+        return
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked
