@@ -12,10 +12,12 @@ own torch get their own virtualenv.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
@@ -28,6 +30,7 @@ nox.options.sessions = [
     "tests",
     "deepspeed",
     "integration",
+    "slurm",
     "hardware_ci",
     "docs",
     "quickstart",
@@ -128,6 +131,34 @@ def integration(session: nox.Session, adapter: str) -> None:
         select = ["-k", "quickstart or exact_resume"]
     env = {"ACCEL_IT_ADAPTER": adapter}
     session.run("pytest", "integration_tests", "-q", "--timeout=600", *select, *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+def slurm(session: nox.Session) -> None:
+    """SLURM for real: Debian's slurm-wlm and munge, a one-node cluster on this machine, then
+    `srun -N1 -n2` of an accel script and `srun accel launch`, each checked against `accel launch`.
+    Skips, saying why, where the packages cannot be installed."""
+    if os.geteuid() != 0:
+        session.skip("starting the one-node cluster (munged, slurmctld, slurmd) needs root")
+    if shutil.which("srun") is None:
+        if shutil.which("apt-get") is None:
+            session.skip("installing slurm-wlm and munge needs apt-get (Debian/Ubuntu)")
+        apt = {"DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            session.run("apt-get", "update", "-qq", external=True, silent=True, env=apt)
+            session.run("apt-get", "install", "-y", "-qq", "slurm-wlm", "munge", external=True, silent=True, env=apt)
+        except CommandFailed:
+            session.skip("apt-get could not install slurm-wlm and munge here (no package mirror?)")
+    install_base(session)
+    session.install("pytest", "pytest-timeout")
+    cluster = Path(session.create_tmp()).resolve() / "slurm-cluster"
+    start = ["bash", "integration_tests/slurm_cluster.sh"]
+    session.run(*start, "start", str(cluster), external=True)
+    try:
+        env = {"ACCEL_IT_SLURM": "1", "SLURM_CONF": str(cluster / "slurm.conf")}
+        session.run("pytest", "integration_tests/test_slurm.py", "-q", "--timeout=300", *session.posargs, env=env)
+    finally:
+        session.run(*start, "stop", str(cluster), external=True)
 
 
 @nox.session(python=PYTHON)
