@@ -174,7 +174,8 @@ def test_no_precision_means_no_autocast() -> None:
 
 def test_clip_grad_norm_returns_the_norm_before_clipping() -> None:
     acc = Accelerator()
-    model, _opt = acc.prepare(build_model(), torch.optim.SGD(build_model().parameters(), lr=LR))
+    model = build_model()
+    model, _opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR))
     x, y = make_data(8)
     acc.backward(torch.nn.functional.mse_loss(model(x), y) * 100)
     grads = flat_grads(model).clone()

@@ -22,6 +22,7 @@ from .accelerate_env import launch_defaults
 from . import checkpoint as ckpt
 from . import operations, ops
 from .accelerator_compat import AcceleratorCompatMixin
+from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import is_compiled_module
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
@@ -563,15 +564,33 @@ class Accelerator(AcceleratorCompatMixin):
 
         `joinables` are prepared DDP models (and optimizers that support joining).
         `even_batches` overrides the prepared loaders' setting inside the block (False lets
-        ranks see different numbers of batches). With one process this does nothing.
+        ranks see different numbers of batches; loaders of iterable datasets keep theirs, with a
+        warning). With one process this does nothing; with models that cannot join (FSDP,
+        DeepSpeed, ...) it warns and does nothing, as the peer library does.
         """
         if not self.use_distributed:
             yield
             return
-        from torch.distributed.algorithms.join import Join
+        from torch.distributed.algorithms.join import Join, Joinable
 
-        saved = [(dl, dl.even_batches) for dl in self._dataloaders]
+        if self.distributed_type in _NO_JOIN or not all(isinstance(j, Joinable) for j in joinables):
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU (DDP-style data-parallel) training; "
+                f"these models ({self.distributed_type.value}) cannot join, so `join_uneven_inputs` has no effect.",
+                UserWarning,
+                stacklevel=3,
+            )
+            yield
+            return
+        saved = [(dl, dl.even_batches) for dl in self._dataloaders if _is_map_style(dl)]
         if even_batches is not None:
+            if len(saved) < len(self._dataloaders):
+                warnings.warn(
+                    "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given "
+                    "were iterable: they keep their setting.",
+                    UserWarning,
+                    stacklevel=3,
+                )
             for dl, _ in saved:
                 dl.even_batches = even_batches
         try:
@@ -862,6 +881,17 @@ class _HookHandle:
 
     def remove(self) -> None:
         self.hooks.pop(self.id, None)
+
+
+_NO_JOIN = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+
+
+def _is_map_style(loader: Any) -> bool:
+    from torch.utils.data import IterableDataset
+
+    from .data_dispatch import DataLoaderDispatcher
+
+    return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
 
 
 def _warn_detached_optimizers(objects: tuple[Any, ...], prepared_models: list[torch.nn.Module]) -> None:

@@ -24,7 +24,8 @@ class SeedableRandomSampler(RandomSampler):
     """A random permutation drawn from a seed plus the epoch: identical on every rank.
 
     `set_epoch(e)` selects the permutation; the same (seed, epoch) always gives the same one,
-    and the same one as the peer library's sampler of that name. The seed is `seed`, else
+    and the same one as the peer library's sampler of that name. A complete pass moves to the
+    next epoch. The seed is `seed`, else
     `data_seed`, else torch's initial seed (what `set_seed` set). `generator`, if given, is
     the generator reseeded and drawn from (the peer library's signature); by default a
     private one.
@@ -64,10 +65,14 @@ class SeedableRandomSampler(RandomSampler):
                 yield from torch.randint(high=n, size=(32,), dtype=torch.int64, generator=g).tolist()
             rest = self.num_samples % 32
             yield from torch.randint(high=n, size=(rest,), dtype=torch.int64, generator=g).tolist()
+            self.epoch += 1
             return
         for _ in range(self.num_samples // n):
             yield from torch.randperm(n, generator=g).tolist()
         yield from torch.randperm(n, generator=g).tolist()[: self.num_samples % n]
+        # A finished pass moves on to the next epoch's order, as the peer library's sampler does
+        # (a plain DataLoader never calls set_epoch; prepared loaders set it every epoch anyway).
+        self.epoch += 1
 
     def __len__(self) -> int:
         return self.num_samples

@@ -3,8 +3,9 @@
 Every function accepts a tensor or any nesting of lists, tuples, dicts and namedtuples
 of tensors and returns the same structure. With one process they return their input
 (gather, reduce with "sum") without a collective. In debug mode (`ACCEL_DEBUG_MODE=1`)
-shapes are compared across ranks first and a mismatch raises `CollectiveMismatchError`
-naming each rank's shape, instead of hanging or failing deep inside the backend.
+each collective is first checked across ranks (`accel.debug`): a different operation,
+shape, dtype or number of calls raises `CollectiveMismatchError` naming each rank's shape,
+dtype and call site, instead of hanging or returning wrong numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import CollectiveMismatchError
+from .debug import check_collective
+from .state import PartialState
 
 
 def is_namedtuple(data: Any) -> bool:
@@ -51,8 +53,6 @@ def send_to_device(data: Any, device: torch.device, *, non_blocking: bool = Fals
 
 
 def _world(group: Any = None) -> tuple[bool, int]:
-    from .state import PartialState
-
     state = PartialState()
     if group is not None and state.use_distributed:
         return True, dist.get_world_size(group)
@@ -60,23 +60,14 @@ def _world(group: Any = None) -> tuple[bool, int]:
 
 
 def _debug() -> bool:
-    from .state import PartialState
+    # Every collective asks: one dict lookup, not a `PartialState()` view nor an import statement.
+    return bool(PartialState._shared_state.get("debug", False))
 
-    return bool(PartialState().debug)
 
-
-def verify_operation(name: str, data: Any, group: Any = None) -> None:
-    """Raise `CollectiveMismatchError` when ranks hold tensors of different shapes (debug mode)."""
-    shapes = [list(t.shape) for t in _tensors(data)]
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, shapes, group=group)
-    if any(s != everyone[0] for s in everyone):
-        # A single tensor reads as its shape; a nest as the list of its tensors' shapes.
-        detail = "\n".join(f"  - rank {r}: {s[0] if len(s) == 1 else s}" for r, s in enumerate(everyone))
-        raise CollectiveMismatchError(
-            f"Cannot apply `{name}`: the tensors do not have the same shape on every process.\n{detail}\n"
-            "Pad them first with `pad_across_processes`, or make every rank pass the same shapes."
-        )
+def verify_operation(name: str, data: Any, group: Any = None, *, pad: bool = False) -> None:
+    """Debug mode: raise `CollectiveMismatchError` unless every rank calls `name` now with tensors of the same
+    shapes and dtypes (with `pad`, the same number of dimensions). See `accel.debug`."""
+    check_collective(name, _tensors(data), group, pad=pad)
 
 
 def _require_tensors(name: str, data: Any) -> None:
@@ -110,17 +101,17 @@ def gather(tensor: Any, group: Any = None) -> Any:
         return tensor
     if _debug():
         verify_operation("gather", tensor, group)
-
-    def _gather_one(t: torch.Tensor) -> torch.Tensor:
-        if t.ndim == 0:
-            t = t.clone()[None]
-        t = t.contiguous()
-        out = torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        _all_gather_single(out, t, group=group)
-        return out
-
     _require_tensors("gather", tensor)
-    return recursively_apply(_gather_one, tensor)
+    return recursively_apply(lambda t: _all_gather(t, world, group), tensor)
+
+
+def _all_gather(t: torch.Tensor, world: int, group: Any = None) -> torch.Tensor:
+    if t.ndim == 0:
+        t = t.clone()[None]
+    t = t.contiguous()
+    out = torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    _all_gather_single(out, t, group=group)
+    return out
 
 
 def gather_object(obj: Any, group: Any = None) -> list[Any]:
@@ -128,6 +119,8 @@ def gather_object(obj: Any, group: Any = None) -> list[Any]:
     distributed, world = _world(group)
     if not distributed:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    if _debug():
+        verify_operation("gather_object", None, group)
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj, group=group)
     flat: list[Any] = []
@@ -155,6 +148,8 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     """Broadcast a list of picklable objects in place from `from_process`."""
     distributed, _ = _world()
     if distributed:
+        if _debug():
+            check_collective("broadcast_object_list", [], count=len(object_list))
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -186,16 +181,18 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0, group: Any =
 
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along `dim` to the largest size any process has, with `pad_index`."""
-    distributed, _ = _world()
+    distributed, world = _world()
     if not distributed:
         return tensor
+    if _debug():
+        verify_operation("pad_across_processes", tensor, pad=True)
 
     def _pad(t: torch.Tensor) -> torch.Tensor:
         if dim >= t.ndim or dim < -t.ndim:
             return t
         d = dim % t.ndim
         size = torch.tensor([t.shape[d]], device=t.device, dtype=torch.int64)
-        sizes = gather(size)
+        sizes = _all_gather(size, world)
         target = int(sizes.max())
         if target == t.shape[d]:
             return t

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .accelerate_env import apply_accelerate_env
 from .adapter import Adapter
+from .debug import check_collective
 from .distributed_type import DistributedType
 from .errors import DistributedSetupError
 from .kwargs import InitProcessGroupKwargs
@@ -194,8 +195,10 @@ class PartialState:
         return self.device
 
     def wait_for_everyone(self) -> None:
-        """Barrier across all processes (a no-op with one process)."""
+        """Barrier across all processes (a no-op with one process); checked first in debug mode (`accel.debug`)."""
         if self.use_distributed:
+            if self.debug:
+                check_collective("wait_for_everyone", [])
             self.adapter.barrier()
 
     @staticmethod
