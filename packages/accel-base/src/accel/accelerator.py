@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .accelerate_env import launch_defaults
 from . import checkpoint as ckpt
 from . import operations, ops
-from .accelerator_compat import AcceleratorCompatMixin
+from .accelerate_env import launch_defaults
 from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import is_compiled_module
