@@ -1,4 +1,4 @@
-"""The `accel` command: `launch`, `config`, `env`, `test`.
+"""The `accel` command: `launch`, `config`, `env`, `test`, `merge-weights`, `estimate-memory`.
 
 Each subcommand lives in `accel.commands`. A user's mistake (a bad flag, a missing script,
 an unknown adapter, a config key accel cannot honour) is one line on stderr and exit code
@@ -23,7 +23,7 @@ from .commands.launch import (
 )
 from .commands.launch import launch_parser as _launch_parser
 from .config_file import ConfigError
-from .errors import AdapterNotFoundError, AdapterUnavailableError
+from .errors import AdapterNotFoundError, AdapterUnavailableError, CheckpointError
 
 __all__ = [
     "ACCEL_FLAGS_TO_ENV",
@@ -65,11 +65,25 @@ def _config(argv: Sequence[str]) -> int:
     return config_command(argv)
 
 
+def _merge_weights(argv: Sequence[str]) -> int:
+    from .commands.merge_weights import merge_weights_command
+
+    return merge_weights_command(argv)
+
+
+def _estimate_memory(argv: Sequence[str]) -> int:
+    from .commands.estimate_memory import estimate_memory_command
+
+    return estimate_memory_command(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "launch": (launch, "run a training script on N processes (torchrun underneath)"),
     "config": (_config, "write, show or update the config file `accel launch` reads"),
     "env": (_env, "report versions, adapters, optional packages and the config file"),
     "test": (_test, "self-check this installation on 2 processes"),
+    "merge-weights": (_merge_weights, "merge a sharded checkpoint (FSDP2, DeepSpeed) into one safetensors file"),
+    "estimate-memory": (_estimate_memory, "memory per process of a model under DDP, FSDP2 and ZeRO-1/2/3"),
 }
 
 
@@ -96,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"accel {command}: error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:  # a damaged or unsafe checkpoint: not a usage mistake, still no traceback
+        print(f"accel {command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

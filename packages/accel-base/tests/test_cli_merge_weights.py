@@ -1,0 +1,111 @@
+"""`accel merge-weights`: a real 2-process FSDP2 sharded `save_state`, merged into one safetensors file
+that equals the full state dict the run gathered itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accel.commands import UsageError
+from accel.commands.merge_weights import merge_weights
+from accel.errors import CheckpointError
+from conftest import launch
+from safetensors.torch import load_file
+
+TRAIN = """
+import sys
+from pathlib import Path
+import torch
+from accel import Accelerator, FSDPConfig
+from safetensors.torch import save_file
+
+out = Path(sys.argv[1])
+accelerator = Accelerator(fsdp_plugin=FSDPConfig(state_dict_type="SHARDED_STATE_DICT"))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(3):
+    torch.manual_seed(100 + step)
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+accelerator.save_state(str(out / "ckpt"))
+full = accelerator.get_state_dict(model)
+if accelerator.is_main_process:
+    save_file({k: v.contiguous() for k, v in full.items()}, str(out / "reference.safetensors"))
+"""
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    script = out / "train.py"
+    script.write_text(TRAIN)
+    launch(script, str(out), timeout=300)
+    assert (out / "ckpt" / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    return out
+
+
+def test_merged_file_equals_the_gathered_state_dict(sharded: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "merge-weights", str(sharded / "ckpt"), str(tmp_path / "merged")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    reference = load_file(str(sharded / "reference.safetensors"))
+    assert sorted(merged) == sorted(reference) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for name, tensor in reference.items():
+        assert torch.equal(merged[name], tensor), name
+
+
+def test_the_shard_folder_itself_and_unsafe_serialization(sharded: Path, tmp_path: Path) -> None:
+    target = merge_weights(sharded / "ckpt" / "pytorch_model_fsdp_0", tmp_path / "bin", safe_serialization=False)
+    assert target.name == "pytorch_model.bin"
+    merged = torch.load(target, weights_only=True)
+    reference = load_file(str(sharded / "reference.safetensors"))
+    assert all(torch.equal(merged[k], v) for k, v in reference.items())
+
+
+def test_what_cannot_be_merged_says_why(sharded: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="is not a folder"):
+        merge_weights(tmp_path / "nothing", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="holds no sharded checkpoint: expected a save_state folder"):
+        merge_weights(tmp_path / "empty", tmp_path / "out")
+    with pytest.raises(CheckpointError, match="optimizer checkpoint"):
+        merge_weights(sharded / "ckpt" / "optimizer_0", tmp_path / "out")
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "merge-weights", str(tmp_path / "empty"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_deepspeed_checkpoint_without_deepspeed_names_the_extra(tmp_path: Path) -> None:
+    from accel.commands.env import installed
+
+    if installed("deepspeed"):
+        pytest.skip("deepspeed is installed here")
+    (tmp_path / "pytorch_model").mkdir()
+    (tmp_path / "pytorch_model" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"pip install 'accel-base\[deepspeed\]'"):
+        merge_weights(tmp_path, tmp_path / "out")
+
+
+def test_remove_checkpoint_dir(sharded: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(sharded / "ckpt", copy)
+    merge_weights(copy, tmp_path / "merged", remove_checkpoint_dir=True)
+    assert (tmp_path / "merged" / "model.safetensors").is_file() and not copy.exists()
