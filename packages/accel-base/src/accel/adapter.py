@@ -147,9 +147,6 @@ class Adapter:
     def set_device(self, device: torch.device) -> None:
         """Make `device` current before the process group starts (e.g. a `set_device` call)."""
 
-    def synchronize(self) -> None:
-        """Wait for queued device work (used by `wait_for_everyone`, never by the step)."""
-
     def barrier(self) -> None:
         """Block until every process reaches this point (`wait_for_everyone`). Default: `dist.barrier()`;
         an adapter whose backend's barrier does not block replaces it with its runtime's own."""
@@ -157,9 +154,6 @@ class Adapter:
 
     def empty_cache(self) -> None:
         """Release cached device memory (`free_memory`)."""
-
-    def memory_stats(self) -> dict[str, int]:
-        return {}
 
     # ---- random state ------------------------------------------------------------------
     def get_rng_state(self) -> dict[str, Any]:

@@ -11,9 +11,9 @@ from .kwargs import DistributedDataParallelKwargs, TorchDynamoPlugin
 from .strategies.base import Strategy
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class PrepareContext:
-    """Everything an adapter needs to prepare one object, decided once by the Accelerator."""
+    """Everything an adapter needs to prepare one object, decided once by the Accelerator (read-only)."""
 
     device: torch.device
     """This process's device."""
@@ -29,10 +29,7 @@ class PrepareContext:
     process_index: int = 0
     ddp_kwargs: DistributedDataParallelKwargs | None = None
     ddp_device_ids: list[int] | None = None
-    ddp_output_device: int | None = None
     dynamo_plugin: TorchDynamoPlugin | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Free-form room for adapters and strategies to pass data between their hooks."""
     adapter_defaults: dict[str, Any] = field(default_factory=dict)
     """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)

@@ -92,14 +92,8 @@ class CUDAAdapter(Adapter):
         if self.local_index is not None:
             self.vendor.set_device(self.local_index)
 
-    def synchronize(self) -> None:
-        self.vendor.synchronize()
-
     def empty_cache(self) -> None:
         self.vendor.empty_cache()
-
-    def memory_stats(self) -> dict[str, int]:
-        return self.vendor.memory_stats()  # type: ignore[no-any-return]
 
     def get_device_rng_state(self) -> Any:
         return self.vendor.get_rng_state()

@@ -34,16 +34,8 @@ def set_device(index: int) -> None:
     torch.cuda.set_device(index)
 
 
-def synchronize() -> None:
-    torch.cuda.synchronize()
-
-
 def empty_cache() -> None:
     torch.cuda.empty_cache()
-
-
-def memory_stats() -> dict[str, int]:
-    return {k: int(v) for k, v in torch.cuda.memory_stats().items() if isinstance(v, (int, float))}
 
 
 def get_rng_state() -> list[torch.Tensor]:

@@ -1,6 +1,6 @@
 """The CPU stand-in for `accel_cuda.cuda`: same functions, no GPU.
 
-Device-only calls (set_device, synchronize, empty_cache, TF32 switches) are counted or
+Device-only calls (set_device, empty_cache, TF32 switches) are counted or
 recorded in `calls` / `tf32`, so tests can assert where the adapter makes them. The
 emulated GPUs' random generators are real `torch.Generator`s, so checkpoints carry and
 restore their state as they do on hardware. fp8 stands for TransformerEngine and torchao
@@ -55,16 +55,8 @@ def set_device(index: int) -> None:
     group_started_at_set_device.append(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
-def synchronize() -> None:
-    calls["synchronize"] += 1
-
-
 def empty_cache() -> None:
     calls["empty_cache"] += 1
-
-
-def memory_stats() -> dict[str, int]:
-    return {}
 
 
 _generators: list[torch.Generator] = []

@@ -86,12 +86,6 @@ class GaudiAdapter(Adapter):
         # must happen before the process group starts.
         self.vendor.init_distributed()
 
-    def synchronize(self) -> None:
-        self.vendor.synchronize()
-
-    def memory_stats(self) -> dict[str, int]:
-        return self.vendor.memory_stats()  # type: ignore[no-any-return]
-
     def get_device_rng_state(self) -> Any:
         return self.vendor.get_rng_state()
 

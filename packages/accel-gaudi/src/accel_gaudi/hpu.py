@@ -49,14 +49,6 @@ def mark_step() -> None:
     htcore.mark_step()
 
 
-def synchronize() -> None:
-    _hpu.synchronize()
-
-
-def memory_stats() -> dict[str, int]:
-    return dict(_hpu.memory_stats())
-
-
 def get_rng_state() -> torch.Tensor:
     return _hpu.random.get_rng_state()
 

@@ -51,14 +51,6 @@ def mark_step() -> None:
     calls["mark_step"] += 1
 
 
-def synchronize() -> None:
-    calls["synchronize"] += 1
-
-
-def memory_stats() -> dict[str, int]:
-    return {}
-
-
 def get_rng_state() -> None:
     # The emulated device draws from the host generator, which accel already saves.
     return None

@@ -106,16 +106,9 @@ class IpexAdapter(Adapter):
         if device.type == "xpu":
             self.vendor.xpu_set_device(device)
 
-    def synchronize(self) -> None:
-        if self.on_xpu:
-            self.vendor.xpu_synchronize()
-
     def empty_cache(self) -> None:
         if self.on_xpu:
             self.vendor.xpu_empty_cache()
-
-    def memory_stats(self) -> dict[str, int]:
-        return self.vendor.xpu_memory_stats() if self.on_xpu else {}  # type: ignore[no-any-return]
 
     def get_device_rng_state(self) -> Any:
         return self.vendor.xpu_get_rng_state() if self.on_xpu else None

@@ -177,16 +177,8 @@ def xpu_set_device(device: torch.device) -> None:
     torch.xpu.set_device(device)
 
 
-def xpu_synchronize() -> None:
-    torch.xpu.synchronize()
-
-
 def xpu_empty_cache() -> None:
     torch.xpu.empty_cache()
-
-
-def xpu_memory_stats() -> dict[str, int]:
-    return {k: int(v) for k, v in torch.xpu.memory_stats().items() if isinstance(v, int | float)}
 
 
 def xpu_get_rng_state() -> Any:

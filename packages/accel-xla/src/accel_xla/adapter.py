@@ -137,12 +137,6 @@ class XLAAdapter(Adapter):
     def barrier(self) -> None:
         self.vendor.barrier()
 
-    def synchronize(self) -> None:
-        self.vendor.wait_device_ops()
-
-    def memory_stats(self) -> dict[str, int]:
-        return self.vendor.memory_stats()  # type: ignore[no-any-return]
-
     def get_device_rng_state(self) -> Any:
         return self.vendor.get_rng_state()
 

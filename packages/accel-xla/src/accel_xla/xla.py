@@ -45,11 +45,6 @@ def sync() -> None:
     torch_xla.sync()
 
 
-def wait_device_ops() -> None:
-    """Block until every queued device computation has finished."""
-    xm.wait_device_ops()
-
-
 def barrier() -> None:
     """Wait for every replica. The `xla` process group's own barrier returns at once, so
     `wait_for_everyone` would not wait; torch_xla's rendezvous does."""
@@ -108,15 +103,6 @@ def set_rng_state(state: int) -> None:
 
 def manual_seed(seed: int) -> None:
     xm.set_rng_state(int(seed))
-
-
-def memory_stats() -> dict[str, int]:
-    """Bytes in use and the limit on this device, where the runtime reports them (not on every device kind)."""
-    try:
-        info = xm.get_memory_info(torch_xla.device())
-    except (RuntimeError, NotImplementedError, ValueError):
-        return {}
-    return {k: int(v) for k, v in info.items() if isinstance(v, (int, float))}
 
 
 def counters() -> dict[str, int]:

@@ -36,10 +36,6 @@ def sync() -> None:
     calls["sync"] += 1
 
 
-def wait_device_ops() -> None:
-    calls["wait_device_ops"] += 1
-
-
 def barrier() -> None:
     calls["barrier"] += 1
     dist.barrier()
@@ -102,10 +98,6 @@ def set_rng_state(state: int) -> None:
 
 def manual_seed(seed: int) -> None:
     return None
-
-
-def memory_stats() -> dict[str, int]:
-    return {}
 
 
 def counters() -> dict[str, int]:

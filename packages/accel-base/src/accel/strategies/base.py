@@ -17,8 +17,6 @@ class Strategy:
     """Base class: a strategy that leaves the model as it is (one process)."""
 
     name: ClassVar[str] = "none"
-    requires_model_and_optimizer: ClassVar[bool] = False
-    """True when the optimizer must be prepared in the same call as the model."""
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

@@ -30,7 +30,7 @@ class DDPStrategy(Strategy):
         if not any(p.requires_grad for p in model.parameters()):
             return model
         kwargs: DistributedDataParallelKwargs = ctx.ddp_kwargs or DistributedDataParallelKwargs()
-        wrapped = DDP(model, device_ids=ctx.ddp_device_ids, output_device=ctx.ddp_output_device, **kwargs.ddp_kwargs())
+        wrapped = DDP(model, device_ids=ctx.ddp_device_ids, **kwargs.ddp_kwargs())
         register_comm_hook(wrapped, kwargs)
         return wrapped
 

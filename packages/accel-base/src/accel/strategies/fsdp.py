@@ -202,7 +202,6 @@ class FSDP2Strategy(Strategy):
     """
 
     name: ClassVar[str] = "fsdp2"
-    requires_model_and_optimizer: ClassVar[bool] = True
 
     def __init__(self, config: FSDPConfig | None = None) -> None:
         if config is not None and not isinstance(config, FSDPConfig):
