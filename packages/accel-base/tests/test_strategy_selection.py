@@ -28,3 +28,8 @@ def test_the_adapter_names_the_default_strategy(monkeypatch: pytest.MonkeyPatch)
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     assert Accelerator().strategy.name == "ddp"  # the user's choice wins
+
+
+def test_options_for_an_adapter_without_options_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"The 'cpu' adapter takes no options; got adapter_options=\{'fp8': True\}"):
+        Accelerator(adapter_options={"fp8": True})

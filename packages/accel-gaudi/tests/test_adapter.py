@@ -199,3 +199,21 @@ def test_quantized_model_errors_with_the_gaudi_adapter():
         acc.prepare(_quantized({"a": "cpu", "b": "disk"}))
     ok = _quantized({"": 0})
     assert acc.prepare(ok) is ok
+
+
+def test_options_from_code_choose_fast_ddp_and_win_over_the_environment(monkeypatch):
+    from accel import Accelerator
+
+    monkeypatch.setenv("ACCEL_GAUDI_DISTRIBUTION_STRATEGY", "ddp")
+    acc = Accelerator(
+        adapter="gaudi", emulate=True, adapter_options={"distribution_strategy": "fast_ddp", "force_autocast": True}
+    )
+    assert acc.adapter.config.distribution_strategy == "fast_ddp" and acc.adapter.config.force_autocast
+    assert acc.strategy.name == "fast_ddp"
+
+
+def test_unknown_options_from_code_are_refused():
+    from accel import Accelerator
+
+    with pytest.raises(ValueError, match=r"Unknown Gaudi adapter option\(s\) \['fastest'\]; the options are \["):
+        Accelerator(adapter="gaudi", emulate=True, adapter_options={"fastest": True})

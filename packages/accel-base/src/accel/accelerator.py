@@ -11,7 +11,7 @@ import gc
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,9 @@ class Accelerator(AcceleratorCompatMixin):
         cpu: force the built-in cpu adapter.
         adapter: name of the hardware adapter (default: `ACCEL_ADAPTER`, else the best
             available one).
+        adapter_options: the adapter's own options by field name, e.g. Gaudi's
+            `{"distribution_strategy": "fast_ddp", "use_regional_compilation": True}`; they win
+            over its launch flags and environment variables. Unknown names are refused.
         emulate: run the adapter's code on the CPU with gloo (default `ACCEL_EMULATE`).
         strategy: "ddp" (default), "fsdp2", "deepspeed", or another registered strategy.
         dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin:
@@ -103,6 +106,7 @@ class Accelerator(AcceleratorCompatMixin):
         dynamo_plugin: TorchDynamoPlugin | None = None,
         *,
         adapter: str | None = None,
+        adapter_options: Mapping[str, Any] | None = None,
         emulate: bool | None = None,
         strategy: str | None = None,
         strategy_config: Any = None,
@@ -146,6 +150,7 @@ class Accelerator(AcceleratorCompatMixin):
             cpu=cpu,
             adapter=adapter,
             emulate=emulate,
+            adapter_options=adapter_options,
             strategy=strategy_name,
             init_kwargs=self.init_handler,
             dynamo_plugin=dynamo_plugin,

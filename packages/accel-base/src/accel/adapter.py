@@ -94,6 +94,17 @@ class Adapter:
     `accelerator.distributed_type` against Accelerate's members keep working."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
+        """`options`: the adapter's own settings by name (`Accelerator(adapter_options=...)`), which an
+        adapter with options parses in its own `__init__`.
+
+        Raises:
+            ValueError: options given to an adapter that takes none.
+        """
+        if options and type(self).__init__ is Adapter.__init__:
+            raise ValueError(
+                f"The {self.name!r} adapter takes no options; got adapter_options={dict(options)!r}. "
+                "Remove them, or select the adapter they belong to."
+            )
         self.emulate = emulate
         self.options: dict[str, Any] = dict(options or {})
         self._vendor: ModuleType | None = None

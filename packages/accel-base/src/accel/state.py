@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from functools import wraps
 from typing import Any, TypeVar
@@ -76,6 +76,7 @@ class PartialState:
         adapter: str | None = None,
         emulate: bool | None = None,
         init_kwargs: InitProcessGroupKwargs | None = None,
+        adapter_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
@@ -88,7 +89,7 @@ class PartialState:
         adapter_cls = select_adapter(requested, emulate=emulate)
         launch = read_launch_env()
         self.launch: LaunchInfo = launch
-        self.adapter: Adapter = adapter_cls(emulate=emulate)
+        self.adapter: Adapter = adapter_cls(emulate=emulate, options=adapter_options)
         self.emulate = emulate
         self.num_processes = launch.world_size
         self.process_index = launch.rank
@@ -357,6 +358,7 @@ class AcceleratorState:
         strategy: str | None = None,
         init_kwargs: InitProcessGroupKwargs | None = None,
         dynamo_plugin: Any = None,
+        adapter_options: Mapping[str, Any] | None = None,
         _from_accelerator: bool = False,
     ) -> None:
         self.__dict__ = self._shared_state
@@ -368,7 +370,9 @@ class AcceleratorState:
                     "(tests) or create one Accelerator per process."
                 )
             return
-        self._partial = PartialState(cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs)
+        self._partial = PartialState(
+            cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs, adapter_options=adapter_options
+        )
         precision = (mixed_precision or os.environ.get("ACCEL_MIXED_PRECISION") or "no").lower()
         if precision not in ("no", "bf16", "fp16", "fp8"):
             raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {precision!r}.")
