@@ -6,9 +6,11 @@ The variable sets are what Accelerate 1.15.0's launcher gives a worker (fixtures
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +27,16 @@ def fixture_env(name: str) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_warning_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No launcher variables in, none out: `apply_accelerate_env` writes into os.environ itself."""
     monkeypatch.setattr(accelerate_env, "_warned", False)
-    for name in list(__import__("os").environ):
+    saved = dict(os.environ)
+    for name in list(os.environ):
         if name.startswith(("ACCEL_", "ACCELERATE_", "FSDP_", "MEGATRON_LM_")):
-            monkeypatch.delenv(name)
+            del os.environ[name]
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_precision_dynamo_and_debug_from_accelerate_launch() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import os
 import socket
@@ -77,6 +78,15 @@ def test_without_a_terminal_no_question_is_asked(config_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert load_accel_config(config_path) == AccelConfig(num_processes=2)
+
+
+def test_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert set(schema["properties"]) == {f.name for f in dataclasses.fields(AccelConfig)}
+    assert schema["properties"]["num_processes"]["type"] == ["integer", "null"]
+    assert schema["properties"]["mixed_precision"]["enum"] == ["no", "bf16", "fp16", "fp8"]
+    assert all(p["description"] for p in schema["properties"].values())
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,28 @@ class AccelConfig:
         return {k: v for k, v in out.items() if v is not None}
 
 
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema of the config file (for editors and validators), from the dataclass itself."""
+    types = {"bool": "boolean", "int": "integer", "float": "number", "str": "string", "dict[str, Any]": "object"}
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(AccelConfig):
+        kind = types[str(f.type).split(" |")[0]]
+        entry: dict[str, Any] = {"type": [kind, "null"] if "None" in str(f.type) else kind}
+        entry["description"] = field_docs().get(f.name, "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        entry["default"] = default
+        if f.name == "mixed_precision":
+            entry["enum"] = list(PRECISIONS)
+        properties[f.name] = entry
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "accel config file",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
 def default_config_path() -> Path:
     """Where `accel config` writes and `accel launch` looks: `ACCEL_CONFIG_FILE`, else the cache folder."""
     env = os.environ.get("ACCEL_CONFIG_FILE")

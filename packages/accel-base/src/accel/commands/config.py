@@ -24,13 +24,14 @@ from ..config_file import (
     default_config_path,
     field_docs,
     is_accelerate_file,
+    json_schema,
     load_accel_config,
     read_yaml,
     save_accel_config,
 )
 from . import CliParser, UsageError, add_flag
 
-ACTIONS = ("default", "show", "update")
+ACTIONS = ("default", "show", "update", "schema")
 
 
 def _kind(f: dataclasses.Field[Any]) -> str:
@@ -61,7 +62,7 @@ def _parse_value(kind: str, text: str) -> Any:
 def config_parser(prog: str = "accel config") -> argparse.ArgumentParser:
     """The `accel config` parser: an optional action and one flag per config key."""
     p = CliParser(prog=prog, description="Write, show or update accel's config file.")
-    p.add_argument("action", nargs="?", choices=ACTIONS, help="default, show or update (none: ask questions)")
+    p.add_argument("action", nargs="?", choices=ACTIONS, help="default, show, update or schema (none: ask questions)")
     add_flag(p, "config-file", default=None, help=f"the file (default: ACCEL_CONFIG_FILE, else {_shown_default()})")
     p.add_argument("--force", action="store_true", help="`default`: overwrite an existing file")
     keys = p.add_argument_group("keys (each a field of accel.config_file.AccelConfig)")
@@ -114,6 +115,9 @@ def config_command(argv: Sequence[str]) -> int:
     given = _given(ns)
     if ns.action == "show":
         print(show(path))
+        return 0
+    if ns.action == "schema":
+        print(json.dumps(json_schema(), indent=1))
         return 0
     if ns.action == "update":
         if not path.is_file():

@@ -5,7 +5,7 @@
 The model is built on the meta device (no memory, no weights): `MODEL` is `module:callable`
 returning an `nn.Module` (a class or a factory), with `--kwargs` as JSON for it. Figures are
 exact byte counts of the tensors each strategy keeps on each process; activations, the
-CUDA-style allocator's caches and communication buffers come on top and depend on the
+device allocator's caches and communication buffers come on top and depend on the
 batch. Under FSDP2 and ZeRO-3 a process also holds one gathered unit at a time (the largest
 is reported).
 """
