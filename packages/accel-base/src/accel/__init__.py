@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     from .compat_table import missing_attribute
 
-    raise missing_attribute("accelerate", name, __name__)
+    return missing_attribute("accelerate", name, __name__)
 
 
 __all__ = [

@@ -159,6 +159,10 @@ class AccelerateAlias(importlib.abc.MetaPathFinder):
             if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader):
                 spec.loader = _FixtureLoader(spec.loader.name, spec.loader.path)
             return spec
+        if not _is_accelerate_module(fullname):
+            # `from accelerate.utils import missing_name` tries a submodule of that name last:
+            # no module, so the ImportError names the missing attribute.
+            return None
         target_name = _closest_accel_module("accel" + fullname[len("accelerate") :])
         if target_name is None:
             raise ModuleNotFoundError(
@@ -169,6 +173,62 @@ class AccelerateAlias(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(), loader_state=target_name)
         spec.submodule_search_locations = []
         return spec
+
+
+# The peer library's module paths, for when it is not installed to look them up.
+_KNOWN_MODULES = frozenset(
+    [
+        "accelerator",
+        "big_modeling",
+        "checkpointing",
+        "commands",
+        "data_loader",
+        "hooks",
+        "inference",
+        "launchers",
+        "local_sgd",
+        "logging",
+        "memory_utils",
+        "optimizer",
+        "parallelism_config",
+        "scheduler",
+        "state",
+        "tracking",
+        "utils",
+        "utils.ao",
+        "utils.bnb",
+        "utils.constants",
+        "utils.dataclasses",
+        "utils.deepspeed",
+        "utils.environment",
+        "utils.fsdp_utils",
+        "utils.imports",
+        "utils.launch",
+        "utils.megatron_lm",
+        "utils.memory",
+        "utils.modeling",
+        "utils.offload",
+        "utils.operations",
+        "utils.other",
+        "utils.random",
+        "utils.rich",
+        "utils.tqdm",
+        "utils.transformer_engine",
+        "utils.versions",
+    ]
+)
+
+
+def _is_accelerate_module(fullname: str) -> bool:
+    """Whether the peer library has a module `fullname` (`accelerate` itself included)."""
+    rest = fullname[len("accelerate.") :]
+    if fullname == "accelerate" or rest in _KNOWN_MODULES:
+        return True
+    real = real_accelerate_dir()
+    if real is None:
+        return False
+    path = real.joinpath(*rest.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _closest_accel_module(name: str) -> str | None:
@@ -185,12 +245,28 @@ def _closest_accel_module(name: str) -> str | None:
     return None
 
 
+def _write_fixture_report() -> None:
+    path = os.environ.get(FIXTURE_REPORT_ENV)
+    if path and FIXTURE_STUBS:
+        import json
+
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({k: sorted(v) for k, v in FIXTURE_STUBS.items()}) + "\n")
+
+
+FIXTURE_REPORT_ENV = "ACCEL_AS_ACCELERATE_FIXTURE_REPORT"
+"""If set, a file each process appends `FIXTURE_STUBS` to (one JSON line) at exit."""
+
+
 def install() -> None:
     """Make `import accelerate` (and its submodules) resolve to accel in this process and its children."""
+    import atexit
+
     import accel
 
     if not any(isinstance(f, AccelerateAlias) for f in sys.meta_path):
         sys.meta_path.insert(0, AccelerateAlias())
+        atexit.register(_write_fixture_report)
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         if not getattr(sys.modules[name], "__name__", "").startswith(("accel.", "accelerate.test_utils")):
             del sys.modules[name]

@@ -1,15 +1,16 @@
 """Why a name of the peer library is not in accel, and what to use instead.
 
-`missing_attribute` builds the error for a name accel lacks: modules that mirror the
-peer library's (`accel`, `accel.utils`, `accel.data_loader`, ...) raise it from their
-`__getattr__`, so `from accel.utils import init_empty_weights` says why instead of a bare
-ImportError. docs/accelerate_compat.md is generated from these reasons
+`missing_attribute` answers for a name accel lacks: modules that mirror the peer library's
+(`accel`, `accel.utils`, `accel.data_loader`, ...) call it from their `__getattr__`. A
+deliberate omission imports as a stand-in whose use says why and what to use instead (an
+import error could not carry the reason); other names raise AttributeError. docs/accelerate_compat.md is generated from these reasons
 (compat_tests/gen_compat_table.py).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _BIG_MODEL = (
     "big-model inference (device maps, offloading, quantized loading) is outside accel's scope: load with "
@@ -33,11 +34,10 @@ REASONS: dict[str, str] = {
     r"load_offloaded_weights?|offload_weight|offload_state_dict|save_offload_index|OffloadedWeightsLoader": _BIG_MODEL,
     r"PrefixedDataset|extract_submodules_state_dict|find_tied_parameters|retie_parameters|id_tensor_storage": _BIG_MODEL,
     r"check_tied_parameters_.*|convert_file_size_to_int|dtype_byte_size|CustomDtype|load_state_dict": _BIG_MODEL,
-    r"BnbQuantizationConfig|load_and_quantize_model|has_4bit_bnb_layers|is_(4|8)bit_bnb_available": _BIG_MODEL,
-    r"is_bnb_available|is_bitsandbytes_multi_backend_available": _BIG_MODEL,
-    r"prepare_pippy|is_pippy_available": "pipeline-parallel inference (PiPPy) is outside accel's scope",
+    r"BnbQuantizationConfig|load_and_quantize_model|has_4bit_bnb_layers": _BIG_MODEL,
+    r"prepare_pippy": "pipeline-parallel inference (PiPPy) is outside accel's scope",
     r"PrepareForLaunch|prepare_.*_cmd_env|prepare_multi_.*_env|prepare_sagemager_args_inputs|prepare_tpu": _LAUNCHER,
-    r"write_basic_config|ComputeEnvironment|SageMakerDistributedType|is_sagemaker_available": (
+    r"write_basic_config|ComputeEnvironment|SageMakerDistributedType": (
         "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
         "Accelerate's; SageMaker is not supported"
     ),
@@ -47,7 +47,7 @@ REASONS: dict[str, str] = {
     r"avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
         "Megatron-LM support comes from the accel-megatron package (`pip install accel-megatron`)"
     ),
-    r"MSAMPRecipeKwargs|is_msamp_available": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
+    r"MSAMPRecipeKwargs": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
     r"LocalSGD": "local SGD is not implemented; synchronise every step or use gradient accumulation",
     r"DataLoaderAdapter|DataLoaderStateMixin|SkipDataLoader|SkipBatchSampler": (
         "accel's prepared loaders resume through `skip_first_batches(loader, n)` or "
@@ -61,24 +61,48 @@ class AccelerateNameError(AttributeError):
     """A name of the peer library that accel does not provide; the message says why and what to use."""
 
 
+class Unsupported:
+    """Stand-in for a peer-library name accel deliberately lacks: importing it works (so a script's
+    import line is not where it breaks), and using it raises `NotImplementedError` saying why."""
+
+    def __init__(self, qualified_name: str, reason: str) -> None:
+        self._message = f"`{qualified_name}` is not supported by accel: {reason}."
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(self._message)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotImplementedError(self._message)
+
+    def __repr__(self) -> str:
+        return f"<unsupported: {self._message}>"
+
+
 def reason_for(name: str) -> str | None:
     """Why accel lacks the peer library's `name` (None if it is not a known omission)."""
     for pattern, reason in REASONS.items():
         if re.fullmatch(pattern, name):
             return reason
-    if re.fullmatch(r"is_[a-z0-9_]+_available", name) or name.startswith("check_"):
-        return _HARDWARE
     return None
 
 
-def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> AttributeError:
-    """The error for `accel_module.name`, which the peer library has as `accelerate_module.name`."""
+def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> Any:
+    """What `accel_module.name` gives for a name accel lacks that the peer library has as `accelerate_module.name`.
+
+    A deliberate omission (`REASONS`) gives an `Unsupported` stand-in whose use raises
+    `NotImplementedError` with the reason; any other name raises `AttributeError` (for
+    `is_*_available` and `check_*` names: that hardware names come from adapter packages).
+    """
     if name.startswith("__"):
-        return AttributeError(f"module {accel_module!r} has no attribute {name!r}")
+        raise AttributeError(f"module {accel_module!r} has no attribute {name!r}")
     reason = reason_for(name)
-    if reason is None:
-        return AttributeError(
-            f"module {accel_module!r} has no attribute {name!r} (docs/accelerate_compat.md lists what accel "
-            f"provides for the peer library's `{accelerate_module}`)"
-        )
-    return AccelerateNameError(f"`{accelerate_module}.{name}` is not supported by accel: {reason}.")
+    if reason is not None:
+        return Unsupported(f"{accelerate_module}.{name}", reason)
+    if re.fullmatch(r"is_[a-z0-9_]+_available", name) or name.startswith("check_"):
+        raise AccelerateNameError(f"`{accelerate_module}.{name}`: {_HARDWARE}.")
+    raise AttributeError(
+        f"module {accel_module!r} has no attribute {name!r} (docs/accelerate_compat.md lists what accel "
+        f"provides for the peer library's `{accelerate_module}`)"
+    )

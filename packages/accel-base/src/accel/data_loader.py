@@ -26,7 +26,7 @@ def get_sampler(dataloader: DataLoader) -> Any:  # type: ignore[type-arg]
 def __getattr__(name: str) -> Any:
     from .compat_table import missing_attribute
 
-    raise missing_attribute("accelerate.data_loader", name, __name__)
+    return missing_attribute("accelerate.data_loader", name, __name__)
 
 
 __all__ = [

@@ -58,6 +58,36 @@ is_msamp_available = _probe("msamp")
 is_megatron_lm_available = _probe("megatron", "megatron_lm")
 is_import_timer_available = _probe("import_timer")
 is_tqdm_available = _probe("tqdm")
+is_bnb_available = _probe("bitsandbytes", "bnb")
+
+
+def is_4bit_bnb_available() -> bool:
+    """Whether bitsandbytes with 4-bit support (>= 0.39) is installed."""
+    return is_bnb_available() and compare_versions("bitsandbytes", ">=", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    """Whether bitsandbytes with 8-bit support (>= 0.37.2) is installed."""
+    return is_bnb_available() and compare_versions("bitsandbytes", ">=", "0.37.2")
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether bitsandbytes is installed with its multi-backend support."""
+    if not is_bnb_available():
+        return False
+    import bitsandbytes
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
+
+
+def is_pippy_available() -> bool:
+    """Whether torch's pipelining package exists (accel itself does not prepare pipelines)."""
+    return _installed("torch.distributed.pipelining")
+
+
+def is_sagemaker_available() -> bool:
+    """Whether the SageMaker SDK and boto3 are installed (accel has no SageMaker launcher)."""
+    return _installed("sagemaker") and _installed("boto3")
 
 
 def is_tensorboard_available() -> bool:

@@ -38,8 +38,12 @@ from .handlers import (
 )
 from .imports import (
     compare_versions,
+    is_4bit_bnb_available,
+    is_8bit_bnb_available,
     is_aim_available,
     is_bf16_available,
+    is_bitsandbytes_multi_backend_available,
+    is_bnb_available,
     is_boto3_available,
     is_clearml_available,
     is_comet_ml_available,
@@ -56,8 +60,10 @@ from .imports import (
     is_msamp_available,
     is_pandas_available,
     is_peft_available,
+    is_pippy_available,
     is_pytest_available,
     is_rich_available,
+    is_sagemaker_available,
     is_schedulefree_available,
     is_swanlab_available,
     is_tensorboard_available,
@@ -159,8 +165,13 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 
 def __getattr__(name: str) -> Any:
     from .compat_table import missing_attribute
+    from .registry import availability_probe
 
-    raise missing_attribute("accelerate.utils", name, __name__)
+    probe = availability_probe(name)  # is_<hardware>_available, from the adapters
+    if probe is not None:
+        return probe
+
+    return missing_attribute("accelerate.utils", name, __name__)
 
 
 __all__ = [
@@ -216,8 +227,12 @@ __all__ = [
     "honor_type",
     "ignorant_find_batch_size",
     "initialize_tensors",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
     "is_aim_available",
     "is_bf16_available",
+    "is_bitsandbytes_multi_backend_available",
+    "is_bnb_available",
     "is_boto3_available",
     "is_clearml_available",
     "is_comet_ml_available",
@@ -236,8 +251,10 @@ __all__ = [
     "is_namedtuple",
     "is_pandas_available",
     "is_peft_available",
+    "is_pippy_available",
     "is_pytest_available",
     "is_rich_available",
+    "is_sagemaker_available",
     "is_schedulefree_available",
     "is_swanlab_available",
     "is_tensor_information",
