@@ -35,12 +35,13 @@ nox.options.sessions = [
     "docs",
     "quickstart",
     "build",
+    "compat",
 ]
 nox.options.error_on_missing_interpreters = True
 
 BASE = "packages/accel-base"
 TEST_PLUGINS = f"{BASE}/tests/plugins/accel-test-plugins"
-LINTED = ["packages", "integration_tests", "examples", "docs", "hardware_ci", "noxfile.py"]
+LINTED = ["packages", "integration_tests", "compat_tests", "examples", "docs", "hardware_ci", "noxfile.py"]
 # Every distribution under packages/ gets a `tests(package=...)` session. Vendor stacks that
 # pin their own torch say so here; everything else runs on the local pin.
 TORCH_PINS = {"accel-xla": "torch==2.9.0", "accel-ipex": "torch==2.8.0"}
@@ -267,3 +268,12 @@ def bench(session: nox.Session) -> None:
     # Memory per rank by strategy, DeepSpeed's ZeRO stages included now that it is installed.
     session.run("python", f"{BASE}/benchmarks/run.py", "--sections", "memory", env={"DS_ACCELERATOR": "cpu"})
     session.run("python", f"{BASE}/benchmarks/plot.py")
+
+
+@nox.session(python=PYTHON)
+def compat(session: nox.Session) -> None:
+    """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
+    numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current."""
+    install_base(session)
+    session.install("accelerate==1.15.0", "pytest", "pytest-timeout", TORCH)
+    session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)

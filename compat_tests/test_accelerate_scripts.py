@@ -44,7 +44,7 @@ def test_accelerate_script_under_accel(real_accelerate: Path, tmp_path: Path, na
     script = real_accelerate / "test_utils" / "scripts" / f"{name}.py"
     report = tmp_path / "fixture_stubs.jsonl"
     env = {"ACCEL_AS_ACCELERATE_FIXTURE_REPORT": str(report)}
-    timeout = 240 if why_not is None else 90
+    timeout = 240 if why_not is None else 60
     try:
         if name == "test_notebook":
             proc = subprocess.run(
