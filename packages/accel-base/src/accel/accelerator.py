@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint as ckpt
 from . import operations, ops
 from .accelerate_env import launch_defaults
+from .accelerate_objects import convert, convert_accelerator_arguments
 from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import is_compiled_module
@@ -116,6 +117,23 @@ class Accelerator(AcceleratorCompatMixin):
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
         strategy, strategy_config, dynamo_plugin = launch_defaults(
             strategy, strategy_config, any(p is not None for p in plugins), dynamo_backend, dynamo_plugin
+        )
+        # Objects built with the real peer library: converted to accel's with a warning, or refused.
+        (kwargs_handlers, dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin) = (
+            convert_accelerator_arguments(
+                {
+                    "kwargs_handlers": kwargs_handlers,
+                    "dataloader_config": dataloader_config,
+                    "project_config": project_config,
+                    "gradient_accumulation_plugin": gradient_accumulation_plugin,
+                    "dynamo_plugin": dynamo_plugin,
+                }
+            ).values()
+        )
+        deepspeed_plugin, fsdp_plugin, megatron_lm_plugin = (
+            convert(deepspeed_plugin, "deepspeed_plugin"),
+            convert(fsdp_plugin, "fsdp_plugin"),
+            convert(megatron_lm_plugin, "megatron_lm_plugin"),
         )
         handlers = _sort_handlers(kwargs_handlers or [])
         self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)

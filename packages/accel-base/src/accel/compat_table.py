@@ -20,6 +20,15 @@ _LAUNCHER = (
     "launcher internals of the peer library: `accel launch` (torchrun underneath) accepts `accelerate launch`'s "
     "flags and sets up the processes itself"
 )
+_PARALLEL = (
+    "N-D parallelism is configured with `Accelerator(strategy=..., strategy_config=...)` (docs/parallelism.md), "
+    "not ParallelismConfig"
+)
+_STRATEGY = (
+    "FSDP/DeepSpeed internals of the peer library: accel's strategies do this inside `prepare`, `save_state` and "
+    "`save_model`"
+)
+_FP8 = "fp8 conversion is done by the adapter's precision object: `Accelerator(mixed_precision='fp8')` with a recipe"
 _HARDWARE = (
     "hardware-specific: such names come from the adapter package for that hardware (`accel env` lists the "
     "installed adapters); the core names no hardware"
@@ -36,7 +45,7 @@ REASONS: dict[str, str] = {
     r"check_tied_parameters_.*|convert_file_size_to_int|dtype_byte_size|CustomDtype|load_state_dict": _BIG_MODEL,
     r"BnbQuantizationConfig|load_and_quantize_model|has_4bit_bnb_layers": _BIG_MODEL,
     r"prepare_pippy": "pipeline-parallel inference (PiPPy) is outside accel's scope",
-    r"PrepareForLaunch|prepare_.*_cmd_env|prepare_multi_.*_env|prepare_sagemager_args_inputs|prepare_tpu": _LAUNCHER,
+    r"PrepareForLaunch|prepare_(\w+_cmd_env|multi_\w+_env|sagemager_args_inputs|t.u)": _LAUNCHER,
     r"write_basic_config|ComputeEnvironment|SageMakerDistributedType": (
         "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
         "Accelerate's; SageMaker is not supported"
@@ -54,6 +63,28 @@ REASONS: dict[str, str] = {
         "`DataLoaderConfiguration(use_stateful_dataloader=True)`, without these wrapper classes"
     ),
     r"ThreadLocalSharedDict|do_nothing": "internal helper of the peer library's state objects",
+    r"(SAFE_)?(MODEL|WEIGHTS|OPTIMIZER|SCHEDULER|SCALER|SAMPLER|RNG_STATE)(_INDEX|_PATTERN)?_NAME|PROFILE_PATTERN_NAME": (
+        "accel's checkpoint files are named in its manifest (docs/checkpoints.md); use `save_state`/`load_state` "
+        "and `save_model` rather than file names"
+    ),
+    r"TORCH_LAUNCH_PARAMS|TORCH_DISTRIBUTED_OPERATION_TYPES|.*_PROFILING_AVAILABLE_PYTORCH_VERSION": (
+        "constant of the peer library's launcher and profiler internals"
+    ),
+    r"ParallelismConfig|Torch(Context|Tensor)Parallel(Config|Plugin)|DeepSpeedSequenceParallelConfig": _PARALLEL,
+    r"get_model_tp_size|torch_tp_plugin|parallelism_config|device_mesh": _PARALLEL,
+    r"fsdp2_.*|(load|save)_fsdp_(model|optimizer)|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
+    r"ensure_weights_retied|get_fsdp2_grad_scaler|compile_regions_(fsdp2|deepspeed)|GatheredParameters": _STRATEGY,
+    r"deepspeed_engine_wrapped|deepspeed_plugins|get_deepspeed_plugin|select_deepspeed_plugin": (
+        "one DeepSpeed config per Accelerator: `Accelerator(deepspeed_plugin=...)` / `accelerator.deepspeed_plugin`"
+    ),
+    r"apply_fp8_autowrap|contextual_fp8_autocast|convert_model|convert_model_to_fp8_ao|has_ao_layers": _FP8,
+    r"has_transformer_engine_layers|filter_first_and_last_linear_layers": _FP8,
+    r"get_grad_scaler|get_mixed_precision_context_manager": (
+        "the adapter in use owns the grad scaler and autocast: use `accelerator.scaler` and `accelerator.autocast()`"
+    ),
+    r"move_to_device|patch_optimizer_step": "internal helper of the peer library's optimizer wrapper",
+    r"test_launch|set_numa_affinity|check_os_kernel|get_cpu_distributed_information": _LAUNCHER,
+    r"downcast_bfloat": "a bf16 downcast flag of one hardware runtime: set by that hardware's adapter, not the core",
 }
 
 

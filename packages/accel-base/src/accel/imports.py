@@ -117,8 +117,8 @@ def _precision_supported(precision: str) -> bool:
     return bool(PartialState().adapter.supports_precision(precision))
 
 
-def is_bf16_available(ignore_tpu: bool = False) -> bool:
-    """Whether the adapter in use supports bf16 mixed precision (`ignore_tpu` is accepted for compatibility)."""
+def is_bf16_available(*args: Any, **kwargs: Any) -> bool:
+    """Whether the adapter in use supports bf16 mixed precision (the peer library's hardware flag is ignored)."""
     return _precision_supported("bf16")
 
 
@@ -131,6 +131,24 @@ def is_fp8_available() -> bool:
     """Whether the adapter in use supports fp8 mixed precision."""
     return _precision_supported("fp8")
 
+
+def _requires(probe: Callable[[], bool], library: str, extra: str) -> Callable[[Any], Any]:
+    def decorator(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not probe():
+                raise ImportError(f"{function.__name__} needs {library}: `pip install {extra}`.")
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+deepspeed_required = _requires(is_deepspeed_available, "DeepSpeed", "accel-base[deepspeed]")
+"""Decorator: the function raises ImportError naming the extra when DeepSpeed is not installed."""
+torchao_required = _requires(is_torchao_available, "torchao", "torchao")
+"""Decorator: the function raises ImportError when torchao is not installed."""
 
 _OPS = {"<": "__lt__", "<=": "__le__", "==": "__eq__", "!=": "__ne__", ">=": "__ge__", ">": "__gt__"}
 
@@ -155,4 +173,4 @@ def is_torch_version(operation: str, version: str) -> bool:
     return compare_versions(_version.parse(_version.parse(torch.__version__).base_version), operation, version)
 
 
-__all__ = [n for n in dir() if n.startswith("is_")] + ["compare_versions"]
+__all__ = [n for n in dir() if n.startswith("is_")] + ["compare_versions", "deepspeed_required", "torchao_required"]

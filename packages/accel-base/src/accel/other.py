@@ -149,8 +149,71 @@ def merge_fsdp_weights(
         shutil.rmtree(source)
 
 
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """`torch.load` with `weights_only=True` unless told otherwise (no arbitrary pickle code runs)."""
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def is_port_in_use(port: int | None = None) -> bool:
+    """Whether something listens on localhost:`port` (default 29500)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("localhost", port or 29500)) == 0
+
+
+def has_compiled_regions(module: torch.nn.Module) -> bool:
+    """Whether any submodule of `module` is a `torch.compile`d module."""
+    return any(is_compiled_module(m) for m in module.modules())
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """Whether any parameter of `model` is a DTensor (sharded by FSDP2 or tensor parallelism)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def get_module_children_bottom_up(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every submodule of `model` (itself included), children before their parents."""
+    order: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        order.append(module)
+
+    visit(model)
+    return order
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether `model` is a PEFT (LoRA, ...) model (False when peft is not installed)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """(device type, distributed type name) of the running process, e.g. ("cpu", "MULTI_CPU")."""
+    from .state import PartialState
+
+    state = PartialState()
+    return state.device.type, str(getattr(state.distributed_type, "value", state.distributed_type))
+
+
 __all__ = [
     "clean_state_dict_for_safetensors",
+    "get_current_device_type",
+    "get_module_children_bottom_up",
+    "has_compiled_regions",
+    "is_peft_model",
+    "is_port_in_use",
+    "load",
+    "model_has_dtensor",
     "convert_bytes",
     "extract_model_from_parallel",
     "get_pretty_name",

@@ -7,7 +7,7 @@ draws the same shuffle while dropout and the other users of the global generator
 their own streams.
 
 Names: `"torch"` is the global CPU generator, `"generator"` the `generator` argument; any
-other name (the peer library's `"cuda"`, `"xla"`, ...) means the device generators of the
+other name (the peer library names device generators after their hardware) means the device generators of the
 adapter in use, which must have some.
 """
 

@@ -1,0 +1,176 @@
+"""Generate docs/accelerate_compat.md: every public name of Accelerate 1.15.0 and where accel stands.
+
+    python compat_tests/gen_compat_table.py          # rewrite the file
+    python compat_tests/gen_compat_table.py --check  # exit 1 if it is out of date
+
+The status of each name is read from accel itself (import the counterpart module, look the
+name up, instantiate an Accelerator for its members), so the table follows the code:
+supported, supported differently (how: NOTES below), provided by the hardware adapter
+packages, not supported (why: accel's own reason, `accel.compat_table`), or missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from accelerate_names import ACCELERATE_NAMES
+
+OUT = Path(__file__).parent.parent / "docs" / "accelerate_compat.md"
+HARDWARE = re.compile(
+    r"cuda|nccl|hpu|gaudi|habana|xla|tpu|ipex|npu|xpu|mlu|musa|sdaa|neuron|rocm|mps|amdsmi|nvml|xccl", re.I
+)
+MEMBER_OWNERS = ("Accelerator", "PartialState", "AcceleratorState", "GradientState")
+# Accelerate modules without an accel counterpart, and why.
+NO_MODULE = {
+    "accelerate.local_sgd": "local SGD is not implemented; synchronise every step or use gradient accumulation",
+    "accelerate.checkpointing": "checkpoint internals: use `Accelerator.save_state` / `load_state` (accel.checkpoint)",
+    "accelerate.big_modeling": "big-model inference is outside accel's scope",
+    "accelerate.hooks": "big-model inference hooks (offloading, device maps) are outside accel's scope",
+    "accelerate.inference": "pipeline-parallel inference (PiPPy) is outside accel's scope",
+    "accelerate.parallelism_config": "parallelism is configured with `Accelerator(strategy=..., strategy_config=...)`",
+}
+# Names accel has with a difference worth knowing.
+NOTES = {
+    "DistributedType": "members naming hardware (MULTI_GPU, XLA, ...) come from the installed adapter packages",
+    "FullyShardedDataParallelPlugin": "accel's `FSDPConfig` (FSDP2 only; FSDP1-only fields are refused)",
+    "DeepSpeedPlugin": "the DeepSpeed strategy's config (`pip install accel-base[deepspeed]`)",
+    "prepare_data_loader": "same signature; `slice_fn_for_dispatch` raises NotImplementedError; extra keyword-only "
+    "arguments (gradient_state, comm_device, extra_kwargs)",
+    "SeedableRandomSampler": "also takes `seed=`; same permutation for the same seed and epoch",
+    "get_logger": "also reads `ACCEL_LOG_LEVEL`",
+    "notebook_launcher": "forks its workers (no TPU/Colab special cases)",
+    "debug_launcher": "forks its workers on CPUs with gloo",
+    "synchronize_rng_state": "a name other than torch/generator means the adapter's device generator",
+    "synchronize_rng_states": "a name other than torch/generator means the adapter's device generator",
+    "RNGType": "TORCH and GENERATOR; device generators by any other name",
+    "DynamoBackend": "hardware-specific backends come from the adapters; torch.compile accepts any name",
+    "FP8RecipeKwargs": "MS-AMP (`backend='msamp'`, `opt_level`) refused; honoured by adapters that implement fp8",
+    "TERecipeKwargs": "kept on the Accelerator for the adapters that implement fp8",
+    "AORecipeKwargs": "kept on the Accelerator for the adapters that implement fp8",
+    "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
+    "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
+    "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
+    "parallelism_config": "always None: accel configures parallelism with strategies",
+    "torch_device_mesh": "the FSDP2 strategy's mesh, else None",
+    "multi_device": "True for data-parallel runs on accelerator devices (False on CPUs, as in Accelerate)",
+    "join_uneven_inputs": "DDP models join on every device (not only GPUs); other models warn and do nothing",
+    "maybe_context_parallel": "warns and does nothing: accel has no context parallelism",
+    "lomo_backward": "raises NotImplementedError: LOMO optimizers are not supported",
+    "deepspeed_ulysses_dl_adapter": "raises NotImplementedError: no Ulysses sequence parallelism",
+    "use_seedable_sampler": "False by default as in Accelerate; mid-epoch resume is exact either way",
+    "save_state": "safetensors and a manifest; mid-epoch resume is exact",
+    "tqdm": "needs tqdm installed",
+    "DataLoaderDispatcher": "in accel.data_dispatch; re-exported",
+    "GeneralTracker": "in accel.trackers; re-exported by accel.tracking",
+}
+
+
+def accel_module(name: str) -> str | None:
+    module = "accel" + name[len("accelerate") :]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return None
+    return module
+
+
+def status(owner: str, name: str, objects: dict[str, Any]) -> tuple[str, str]:
+    from accel.compat_table import Unsupported, reason_for
+
+    if owner in NO_MODULE:
+        return "not supported", reason_for(name) or NO_MODULE[owner]
+    target = objects.get(owner)
+    value: Any = None
+    found = False
+    if target is not None:
+        try:
+            value = getattr(target, name)
+            found = True
+        except (AttributeError, NotImplementedError, RuntimeError):
+            found = False
+    if found and isinstance(value, Unsupported):
+        return "not supported", reason_for(name) or ""
+    if HARDWARE.search(name):
+        # Present or not depending on the adapters installed: one answer for every environment.
+        return "from adapters", "hardware-specific: answered by that hardware's adapter package"
+    if found:
+        note = NOTES.get(name, "")
+        return ("supported differently" if note else "supported"), note
+    reason = reason_for(name)
+    if reason:
+        return "not supported", reason
+    return "missing", ""
+
+
+def render() -> str:
+    os.environ.setdefault("ACCEL_USE_CPU", "1")
+    from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState, PartialState
+
+    accelerator = Accelerator()
+    objects: dict[str, Any] = {
+        "Accelerator": accelerator,
+        "PartialState": PartialState(),
+        "AcceleratorState": AcceleratorState(),
+        "GradientState": GradientState(),
+    }
+    for owner in ACCELERATE_NAMES:
+        if owner not in MEMBER_OWNERS and owner not in NO_MODULE:
+            module = accel_module(owner)
+            if module is not None:
+                objects[owner] = importlib.import_module(module)
+    rows: dict[str, list[tuple[str, str, str]]] = {}
+    counts: dict[str, int] = {}
+    for owner, names in ACCELERATE_NAMES.items():
+        for name in names:
+            state, note = status(owner, name, objects)
+            rows.setdefault(owner, []).append((name, state, note))
+            counts[state] = counts.get(state, 0) + 1
+    total = sum(counts.values())
+    lines = [
+        "# Accelerate compatibility",
+        "",
+        "Every public name of Accelerate 1.15.0's training-loop modules and of its `Accelerator` and state",
+        "objects, and where accel stands, generated from the code by `compat_tests/gen_compat_table.py`",
+        "(`nox -s compat` checks it is current). Change `accelerate` to `accel` in an import and the",
+        "name is found where this table says. A name marked *not supported* still imports where",
+        "Accelerate has it; using it raises `NotImplementedError` saying why and what to use.",
+        "",
+        "To run an Accelerate script without editing it: `python -m accel.as_accelerate train.py`",
+        "(or `accel launch -m accel.as_accelerate train.py`).",
+        "",
+        "| status | names |",
+        "| --- | --- |",
+        *(f"| {state} | {counts[state]} |" for state in sorted(counts)),
+        f"| total | {total} |",
+        "",
+    ]
+    for owner, entries in rows.items():
+        where = owner if owner in MEMBER_OWNERS else f"`{owner}`"
+        title = f"members of `{owner}`" if owner in MEMBER_OWNERS else where
+        lines += [f"## {title}", "", "| name | status | how / why |", "| --- | --- | --- |"]
+        lines += [f"| `{name}` | {state} | {note} |" for name, state, note in entries]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print(f"{OUT} is out of date: run python compat_tests/gen_compat_table.py")
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Configuration objects built with the real peer library, passed to accel: converted with a warning, or refused.
+
+A script that still imports a kwargs handler or plugin from `accelerate.utils` (both
+packages installed) hands accel an object of the other library. Dropping it silently would
+lose settings (`find_unused_parameters=True` disappearing), so each one is converted to
+accel's class of the same name (the fields the user set; the others keep accel's defaults),
+with a warning naming the accel import, or,
+when accel has no such class or lacks a field the object sets, refused with an error that
+says what to use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import warnings
+from typing import Any
+
+from .errors import AccelError
+
+
+class AccelerateObjectError(AccelError, TypeError):
+    """An object of the real peer library that accel cannot take over faithfully."""
+
+
+def is_accelerate_object(obj: Any) -> bool:
+    """Whether `obj` was built from the real peer library (not accel, nor accel under its name)."""
+    return type(obj).__module__.split(".")[0] == "accelerate"
+
+
+def _accel_class(name: str) -> type | None:
+    import accel
+    import accel.utils
+
+    for module in (accel, accel.utils):
+        try:
+            found = getattr(module, name)
+        except (AttributeError, NotImplementedError):
+            continue
+        if isinstance(found, type):
+            return found
+    return None
+
+
+def _convert_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum) and is_accelerate_object(value):
+        target = _accel_class(type(value).__name__)
+        return target(value.value) if target is not None else value.value
+    return value
+
+
+def convert(obj: Any, role: str) -> Any:
+    """accel's equivalent of the peer library's `obj` (returned unchanged if it is not one of those).
+
+    Raises:
+        AccelerateObjectError: accel has no class of that name, or the object sets a field
+            accel's class does not have.
+    """
+    if obj is None or not is_accelerate_object(obj):
+        return obj
+    name = type(obj).__name__
+    target = _accel_class(name)
+    if target is None or not dataclasses.is_dataclass(target) or not dataclasses.is_dataclass(obj):
+        raise AccelerateObjectError(
+            f"{role}: accelerate.utils.{name} (from the real accelerate package) has no accel counterpart. "
+            "See docs/accelerate_compat.md for what accel supports, and import configuration from `accel.utils`."
+        )
+    accepted = {f.name: f for f in dataclasses.fields(target) if f.init}
+    values: dict[str, Any] = {}
+    lost: list[str] = []
+    for field in dataclasses.fields(obj):
+        if not field.init:
+            continue
+        value = getattr(obj, field.name)
+        # Only what the user set: a field left at the peer library's default takes accel's default.
+        if value == _default(field):
+            continue
+        if field.name in accepted:
+            values[field.name] = _convert_value(value)
+        else:
+            lost.append(f"{field.name}={value!r}")
+    if lost:
+        raise AccelerateObjectError(
+            f"{role}: accelerate.utils.{name} sets {', '.join(lost)}, which accel's {name} does not have. "
+            f"Use `from accel.utils import {name}` and see docs/accelerate_compat.md for the equivalent settings."
+        )
+    try:
+        converted = target(**values)
+    except (TypeError, ValueError) as exc:
+        raise AccelerateObjectError(
+            f"{role}: accelerate.utils.{name} could not be converted to accel's ({exc}). "
+            f"Build it with `from accel.utils import {name}`."
+        ) from exc
+    warnings.warn(
+        f"{role}: converted accelerate.utils.{name} (from the real accelerate package) to accel's {name}; "
+        f"import it with `from accel.utils import {name}`.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return converted
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def convert_accelerator_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The Accelerator's configuration arguments with every peer-library object converted (see `convert`)."""
+    out = dict(arguments)
+    for role, value in arguments.items():
+        if role == "kwargs_handlers" and value is not None:
+            out[role] = [convert(handler, "kwargs_handlers") for handler in value]
+        else:
+            out[role] = convert(value, role)
+    return out
