@@ -178,6 +178,20 @@ class _FutureAdapter(Adapter):
     api_version: ClassVar[int] = ADAPTER_API_VERSION + 1
 
 
+class _VersionOne(Adapter):
+    """Built for the first contract: it still implements the hooks version 2 dropped."""
+
+    name: ClassVar[str] = "versionone"
+    api_version: ClassVar[int] = 1
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability(available=False, reason="a test adapter")
+
+    def synchronize(self) -> None:
+        pass
+
+
 class _ProbeRaises(Adapter):
     name: ClassVar[str] = "proberaises"
     priority: ClassVar[int] = 99
@@ -195,6 +209,7 @@ class _Second(Adapter):
 def extra_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     module = types.ModuleType("accel_runtime_plugins")
     module.Future, module.Probe, module.Second = _FutureAdapter, _ProbeRaises, _Second  # type: ignore[attr-defined]
+    module.VersionOne = _VersionOne  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "accel_runtime_plugins", module)
     real = importlib.metadata.entry_points
 
@@ -203,7 +218,12 @@ def extra_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if kwargs.get("group") == registry.ADAPTER_GROUP:
             found += [
                 importlib.metadata.EntryPoint(name=n, value=f"accel_runtime_plugins:{v}", group=registry.ADAPTER_GROUP)
-                for n, v in (("future", "Future"), ("proberaises", "Probe"), ("fakedev", "Second"))
+                for n, v in (
+                    ("future", "Future"),
+                    ("proberaises", "Probe"),
+                    ("fakedev", "Second"),
+                    ("versionone", "VersionOne"),
+                )
             ]
         return found
 
@@ -223,10 +243,15 @@ def test_registry_caches_until_cleared(extra_entry_points: None) -> None:
 def test_adapter_for_another_api_version_is_refused_by_name(extra_entry_points: None) -> None:
     error = registry.broken_adapters()["future"]
     assert error.startswith(
-        f"built for adapter API {ADAPTER_API_VERSION + 1}, this accel-base speaks {ADAPTER_API_VERSION}"
+        f"built for adapter API {ADAPTER_API_VERSION + 1}, this accel-base speaks [1, 2] (current 2); upgrade"
     )
     with pytest.raises(AdapterNotFoundError, match=r"'future' .* failed to load: built for adapter API"):
         registry.get_adapter_class("future")
+
+
+def test_an_adapter_built_for_version_one_still_loads(extra_entry_points: None) -> None:
+    assert "versionone" not in registry.broken_adapters()
+    assert registry.get_adapter_class("versionone") is _VersionOne
 
 
 def test_availability_probe_that_raises_means_unavailable(extra_entry_points: None) -> None:

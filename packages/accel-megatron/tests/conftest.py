@@ -3,14 +3,14 @@ through `accel launch` (the CPU adapter: megatron-core's CUDA lookups go to the 
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from accel.state import AcceleratorState, GradientState
+from accel.testing.launching import run_launch as _run_launch
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -29,21 +29,10 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _reset()
 
 
-def run_launch(
-    script: str | Path, *args: str, nproc: int = 2, timeout: float = 540, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    """Run `script` through `accel launch --num-processes nproc`; with `check`, a failure shows the output."""
-    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(nproc), str(script), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    env = {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if check and proc.returncode != 0:
-        pytest.fail(
-            f"launch failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
-        )
-    return proc
+# Megatron's workers build models of their own and take longer than the plugin's default.
+run_launch = functools.partial(_run_launch, timeout=540)
 
 
 @pytest.fixture(scope="session")
-def launch() -> Callable[..., subprocess.CompletedProcess[str]]:
-    return run_launch
+def accel_launch_timeout() -> float:
+    return 540

@@ -5,11 +5,7 @@ and a launcher that runs a worker script on 2 gloo processes through
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 from accel.state import AcceleratorState, GradientState
@@ -46,41 +42,12 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _reset()
 
 
-def run_launch(
-    script: str | Path,
-    *args: str,
-    nproc: int = 2,
-    launch_args: tuple[str, ...] = EMULATED,
-    env: dict[str, str] | None = None,
-    timeout: float = 300,
-    check: bool = True,
-) -> subprocess.CompletedProcess[str]:
-    """Run `script` through `accel launch --num-processes nproc` and return the finished process.
-
-    With `check`, a non-zero exit fails the test and shows the workers' output.
-    """
-    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(nproc), *launch_args, str(script), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    full_env = {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
-    if check and proc.returncode != 0:
-        pytest.fail(f"launch failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr[-6000:]}")
-    return proc
+@pytest.fixture(scope="session")
+def accel_launch_args() -> tuple[str, ...]:
+    """What the `launch` fixture (accel.testing's pytest plugin) passes to `accel launch`."""
+    return EMULATED
 
 
 @pytest.fixture(scope="session")
-def launch() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`launch(script, *args, nproc=2, launch_args=EMULATED, env=None, check=True)`."""
-    return run_launch
-
-
-@pytest.fixture
-def write_script(tmp_path: Path) -> Callable[..., Path]:
-    """Write a worker script (dedented) into the test's tmp dir and return its path."""
-
-    def _write(code: str, name: str = "worker.py") -> Path:
-        path = tmp_path / name
-        path.write_text(textwrap.dedent(code))
-        return path
-
-    return _write
+def accel_launch_timeout() -> float:
+    return 300

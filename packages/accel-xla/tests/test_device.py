@@ -141,10 +141,10 @@ def test_clipping_matches_the_plain_loop() -> None:
 
 
 def test_strategies_other_than_ddp_are_refused() -> None:
-    acc = Accelerator(strategy="fsdp2")
-    net = model()
-    with pytest.raises(ValueError, match="xla adapter runs data parallelism only"):
-        acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    from accel.errors import StrategyNotSupportedError
+
+    with pytest.raises(StrategyNotSupportedError, match=r"The 'xla' adapter does not support the 'fsdp2' strategy"):
+        Accelerator(strategy="fsdp2")
 
 
 def test_launch_flags_set_the_pjrt_device() -> None:

@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from .adapter import ADAPTER_API_VERSION, Adapter, Availability
+from .adapter import ADAPTER_API_VERSION, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Availability
 from .errors import AdapterNotFoundError, AdapterUnavailableError, StrategyNotFoundError
 
 ADAPTER_GROUP = "accel.adapters"
@@ -68,13 +68,14 @@ def adapter_records() -> dict[str, PluginRecord]:
                 distribution=rec.distribution,
                 error=f"{rec.value} is not a subclass of accel.adapter.Adapter",
             )
-        elif rec.ok and cls.api_version != ADAPTER_API_VERSION:
+        elif rec.ok and cls.api_version not in SUPPORTED_ADAPTER_API_VERSIONS:
             records[name] = PluginRecord(
                 name=name,
                 value=rec.value,
                 distribution=rec.distribution,
                 error=(
-                    f"built for adapter API {cls.api_version}, this accel-base speaks {ADAPTER_API_VERSION}; "
+                    f"built for adapter API {cls.api_version}, this accel-base speaks "
+                    f"{sorted(SUPPORTED_ADAPTER_API_VERSIONS)} (current {ADAPTER_API_VERSION}); "
                     f"upgrade {rec.distribution} or accel-base so they match"
                 ),
             )

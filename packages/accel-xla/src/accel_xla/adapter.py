@@ -199,14 +199,8 @@ class XLAAdapter(Adapter):
     def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """No DDP wrapper: replicas start from rank 0's weights; the adapter averages gradients itself.
 
-        Raises:
-            ValueError: a strategy other than "ddp" (torch_xla's own FSDP/SPMD are not wrapped here).
+        Other strategies are refused when the Accelerator is built (`Capabilities.strategies`).
         """
-        if ctx.strategy.name != "ddp":
-            raise ValueError(
-                f"The xla adapter runs data parallelism only (strategy 'ddp'); got {ctx.strategy.name!r}. "
-                "Use strategy='ddp', or torch_xla's own FSDP/SPMD APIs directly."
-            )
         if ctx.use_distributed:
             self.vendor.broadcast_master_params(model)
         self._models.add(model)

@@ -1,0 +1,41 @@
+"""Run a worker script on several processes through `accel launch`, for tests.
+
+Adapter packages use it through the pytest plugin (`accel.testing.pytest_plugin`, loaded
+automatically where accel-base is installed): the `launch` fixture runs a script with the
+launch flags a test package sets once in its conftest (`accel_launch_args`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_launch(
+    script: str | Path,
+    *args: str,
+    nproc: int = 2,
+    launch_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run `script *args` through `accel launch --num-processes nproc *launch_args` and return the finished process.
+
+    The workers get this environment without its `ACCEL_*` variables (a test's options come
+    only from what it passes), unbuffered output, one thread each, and `env` on top. With
+    `check`, a non-zero exit fails the calling test and shows the workers' output.
+    """
+    import pytest
+
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(nproc), *launch_args, str(script), *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    full_env = {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"launch failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
+        )
+    return proc

@@ -1,0 +1,54 @@
+"""pytest fixtures for adapter packages' multi-process tests (registered as the `accel` pytest plugin).
+
+- `launch(script, *args, nproc=2, launch_args=..., env=None, timeout=..., check=True)`: run a
+  worker script through `accel launch` (see `accel.testing.launching.run_launch`).
+- `write_script(code, name="worker.py")`: write dedented code into the test's tmp dir.
+- `accel_launch_args` / `accel_launch_timeout`: what `launch` uses by default; a package's
+  conftest overrides them once, e.g. `("--adapter", "mydevice", "--emulate")`.
+
+A fixture of the same name in a conftest wins over these, as pytest's rules say.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .launching import run_launch
+
+
+@pytest.fixture(scope="session")
+def accel_launch_args() -> tuple[str, ...]:
+    """Launch flags every `launch` call gets unless it passes its own (default: none)."""
+    return ()
+
+
+@pytest.fixture(scope="session")
+def accel_launch_timeout() -> float:
+    """Seconds a launch may take before the test fails."""
+    return 300.0
+
+
+@pytest.fixture(scope="session")
+def launch(
+    accel_launch_args: tuple[str, ...], accel_launch_timeout: float
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`launch(script, *args, nproc=2, launch_args=accel_launch_args, env=None, check=True)`."""
+    return functools.partial(run_launch, launch_args=accel_launch_args, timeout=accel_launch_timeout)
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Callable[..., Path]:
+    """Write a worker script (dedented) into the test's tmp dir and return its path."""
+
+    def _write(code: str, name: str = "worker.py") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(code))
+        return path
+
+    return _write
