@@ -44,7 +44,7 @@ from .checkpoint_layout import (
 )
 from .checkpoint_validate import check_loader_states, check_mapping, check_model_state, check_optimizer_state
 from .errors import CheckpointError
-from .ops import send_to_device
+from .tree import send_to_device
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator

@@ -53,11 +53,20 @@ def call_site() -> str:
 
 
 def check_collective(
-    name: str, tensors: list[torch.Tensor], group: Any = None, *, pad: bool = False, count: int | None = None
+    name: str,
+    tensors: list[torch.Tensor],
+    group: Any = None,
+    *,
+    timeout_s: float,
+    device_type: str,
+    pad: bool = False,
+    count: int | None = None,
 ) -> None:
     """Check that every rank of `group` is at the same collective with matching tensors, else raise.
 
     `pad`: only the number of dimensions must match, not the sizes (`pad_across_processes`).
+    `timeout_s`, `device_type`: the process group's timeout and this process's device type (the caller
+    reads them from its state; this module reads no global state).
     `count`: the number of objects for object collectives, which must match.
 
     Raises:
@@ -66,9 +75,6 @@ def check_collective(
             group has exited.
         RuntimeError: a rank did not reach this collective within the process group's timeout.
     """
-    from .state import PartialState
-
-    state = PartialState()
     tracker = _get_tracker()
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     key = "world" if group is None else "g" + "-".join(map(str, ranks))
@@ -80,10 +86,10 @@ def check_collective(
         "count": count,
     }
     if tracker is not None:
-        call["seq"] = tracker.arrive(key, ranks, call, state.timeout.total_seconds())
+        call["seq"] = tracker.arrive(key, ranks, call, timeout_s)
     everyone: list[Any] = [None] * len(ranks)
     dist.all_gather_object(everyone, call, group=group)
-    problem = _compare(everyone, pad, state.device.type)
+    problem = _compare(everyone, pad, device_type)
     if problem:
         raise CollectiveMismatchError(problem)
 

@@ -10,7 +10,6 @@ dtype and call site, instead of hanging or returning wrong numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,38 +17,23 @@ import torch.distributed as dist
 
 from .debug import check_collective
 from .state import PartialState
+from .tree import concatenate, find_batch_size, is_namedtuple, recursively_apply, send_to_device
+from .tree import tensors_in as _tensors
 
-
-def is_namedtuple(data: Any) -> bool:
-    return isinstance(data, tuple) and hasattr(data, "_fields")
-
-
-def recursively_apply(
-    func: Callable[[torch.Tensor], Any], data: Any, *, test_type: Callable[[Any], bool] | None = None
-) -> Any:
-    """Apply `func` to every tensor in a nested structure; other leaves are returned as they are."""
-    test = test_type or (lambda t: isinstance(t, torch.Tensor))
-    if isinstance(data, (list, tuple)):
-        items = [recursively_apply(func, d, test_type=test_type) for d in data]
-        if is_namedtuple(data):
-            return type(data)(*items)
-        return type(data)(items)
-    if isinstance(data, Mapping):
-        return type(data)({k: recursively_apply(func, v, test_type=test_type) for k, v in data.items()})  # type: ignore[call-arg]
-    if test(data):
-        return func(data)
-    return data
-
-
-def send_to_device(data: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """Move every tensor (and object with `.to`) in `data` to `device`; tensors already there are untouched."""
-
-    def move(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.device == device:
-            return t
-        return t.to(device, non_blocking=non_blocking)
-
-    return recursively_apply(move, data, test_type=lambda t: hasattr(t, "to") and callable(t.to))
+__all__ = [
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "find_batch_size",
+    "gather",
+    "gather_object",
+    "is_namedtuple",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "verify_operation",
+]
 
 
 def _world(group: Any = None) -> tuple[bool, int]:
@@ -67,7 +51,10 @@ def _debug() -> bool:
 def verify_operation(name: str, data: Any, group: Any = None, *, pad: bool = False) -> None:
     """Debug mode: raise `CollectiveMismatchError` unless every rank calls `name` now with tensors of the same
     shapes and dtypes (with `pad`, the same number of dimensions). See `accel.debug`."""
-    check_collective(name, _tensors(data), group, pad=pad)
+    state = PartialState()
+    check_collective(
+        name, _tensors(data), group, timeout_s=state.timeout.total_seconds(), device_type=state.device.type, pad=pad
+    )
 
 
 def _require_tensors(name: str, data: Any) -> None:
@@ -79,12 +66,6 @@ def _require_tensors(name: str, data: Any) -> None:
             f"Unsupported types ({', '.join(bad)}) passed to `{name}`. Only nested lists/tuples/dicts of tensors "
             "can be gathered; use `gather_object` (or `gather_for_metrics(..., use_gather_object=True)`) for other objects."
         )
-
-
-def _tensors(data: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    recursively_apply(lambda t: found.append(t), data)
-    return found
 
 
 # torch 2.13 renamed all_gather_into_tensor; older releases (pinned by some vendor stacks) lack the new name.
@@ -149,7 +130,14 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     distributed, _ = _world()
     if distributed:
         if _debug():
-            check_collective("broadcast_object_list", [], count=len(object_list))
+            state = PartialState()
+            check_collective(
+                "broadcast_object_list",
+                [],
+                timeout_s=state.timeout.total_seconds(),
+                device_type=state.device.type,
+                count=len(object_list),
+            )
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -205,25 +193,3 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         return out
 
     return recursively_apply(_pad, tensor)
-
-
-def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of identically structured nests of tensors."""
-    first = data[0]
-    if isinstance(first, (list, tuple)):
-        items = [concatenate([d[i] for d in data], dim=dim) for i in range(len(first))]
-        return type(first)(*items) if is_namedtuple(first) else type(first)(items)
-    if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})  # type: ignore[call-arg]
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
-    return torch.cat(data, dim=dim)
-
-
-def find_batch_size(data: Any) -> int | None:
-    """Size of dim 0 of the first tensor found in `data`."""
-    tensors = _tensors(data)
-    for t in tensors:
-        if t.ndim > 0:
-            return int(t.shape[0])
-    return None

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from .ops import send_to_device
 from .state import GradientState
+from .tree import send_to_device
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .ops import recursively_apply
+from .tree import recursively_apply
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:

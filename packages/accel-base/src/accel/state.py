@@ -199,7 +199,9 @@ class PartialState:
         """Barrier across all processes (a no-op with one process); checked first in debug mode (`accel.debug`)."""
         if self.use_distributed:
             if self.debug:
-                check_collective("wait_for_everyone", [])
+                check_collective(
+                    "wait_for_everyone", [], timeout_s=self.timeout.total_seconds(), device_type=self.device.type
+                )
             self.adapter.barrier()
 
     @staticmethod
