@@ -139,3 +139,20 @@ def test_a_non_selected_adapters_flags_are_an_error_naming_it(tmp_path: Path) ->
     argv = ["--adapter", "fakedev", "--emulate", "--fakedev-lazy", str(script)]
     parser = _launch_parser(argv)
     assert worker_env(resolve(parser.parse_args(argv), parser))["FAKEDEV_LAZY"] == "1"
+
+
+def test_an_adapter_whose_flags_fail_is_left_out_unless_selected(monkeypatch, capsys, tmp_path: Path) -> None:
+    from accel import registry
+
+    class Broken:
+        @classmethod
+        def add_launch_arguments(cls, group) -> None:
+            raise AttributeError("options module half-installed")
+
+    installed = {**registry.installed_adapters(), "brokenflags": Broken}
+    monkeypatch.setattr(registry, "installed_adapters", lambda: installed)
+    parser = _launch_parser(["train.py"])
+    assert parser.parse_args(["--cpu", "train.py"]).cpu is True
+    assert "the 'brokenflags' adapter's flags are left out (AttributeError" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="the 'brokenflags' adapter's launch flags cannot be declared"):
+        _launch_parser(["--adapter", "brokenflags", "train.py"])

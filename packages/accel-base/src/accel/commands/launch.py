@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
-from . import CliParser, add_flag
+from . import CliParser, UsageError, add_flag
 from .accelerate_flags import add_accelerate_flags
 from .launch_resolve import resolve
 
@@ -116,7 +116,16 @@ def _add_adapter_flags(p: argparse.ArgumentParser, selected: str | None) -> None
     adapters = sorted(registry.installed_adapters().items(), key=lambda item: (item[0] != selected, item[0]))
     for name, cls in adapters:
         probe = argparse.ArgumentParser(add_help=False)
-        cls.add_launch_arguments(probe.add_argument_group(name))
+        try:
+            cls.add_launch_arguments(probe.add_argument_group(name))
+        except Exception as exc:  # one broken plugin never takes the command down (as the registry does)
+            if name == selected:
+                raise UsageError(f"the {name!r} adapter's launch flags cannot be declared: {exc}") from None
+            print(
+                f"accel launch: the {name!r} adapter's flags are left out ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+            )
+            continue
         flags = {opt for action in probe._actions for opt in action.option_strings}
         if flags & set(p._option_string_actions):
             continue
