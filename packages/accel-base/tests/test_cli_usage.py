@@ -195,3 +195,15 @@ def test_config_errors_exit_2_with_file_and_line(tmp_path: Path, script: Path) -
     proc = accel("launch", "--config-file", str(config), str(script))
     assert proc.returncode == 2
     assert f"{config}:2: num_processes: expected an integer, got 'two'" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["launch", "config", "env", "test", "merge-weights", "estimate-memory"])
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from accel.cli import main
+
+    try:
+        code = main([command, "--help"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 0
+    assert f"accel {command}" in capsys.readouterr().out
