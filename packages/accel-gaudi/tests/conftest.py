@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from accel import fp8_emulation
 from accel.state import AcceleratorState, GradientState
 from accel_gaudi import hpu_emulated
 
@@ -17,7 +18,7 @@ def _reset() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     hpu_emulated.calls.clear()
-    hpu_emulated._active.clear()
+    fp8_emulation._active.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from accel_ipex import IpexAdapter, IpexOptions, IpexVersionError
-from accel_ipex import options as opts
 from accel_ipex.cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
 from accel_ipex.versions import check_pair, installed_ipex_version, minor
 
@@ -140,9 +139,9 @@ def test_options_from_environment_and_overrides() -> None:
     [
         (
             {"ACCEL_IPEX_WEIGHTS_PREPACK": "maybe"},
-            "ACCEL_IPEX_WEIGHTS_PREPACK='maybe' is not understood; set it to auto",
+            "ACCEL_IPEX_WEIGHTS_PREPACK='maybe' is not a boolean; set it to auto, 1 or 0",
         ),
-        ({"ACCEL_IPEX_OPTIMIZE": "2"}, "ACCEL_IPEX_OPTIMIZE='2' is not understood; set it to 1 or 0"),
+        ({"ACCEL_IPEX_OPTIMIZE": "2"}, "ACCEL_IPEX_OPTIMIZE='2' is not a boolean; set it to 1 or 0"),
         ({"ACCEL_IPEX_LEVEL": "O3"}, "level must be one of ('O0', 'O1'), got 'O3'"),
     ],
 )
@@ -159,7 +158,7 @@ def test_unknown_override_is_refused() -> None:
 
 def test_launch_flags_become_worker_environment() -> None:
     parser = argparse.ArgumentParser()
-    opts.add_launch_arguments(parser.add_argument_group("ipex"))
+    IpexAdapter.add_launch_arguments(parser.add_argument_group("ipex"))
     args = parser.parse_args(["--ipex-weights-prepack", "off", "--ipex-level", "O0", "--no-ipex-optimize"])
     env = IpexAdapter.launch_env(args)
     assert env == {"ACCEL_IPEX_WEIGHTS_PREPACK": "0", "ACCEL_IPEX_LEVEL": "O0", "ACCEL_IPEX_OPTIMIZE": "0"}

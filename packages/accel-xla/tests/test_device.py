@@ -13,7 +13,6 @@ torch_xla = pytest.importorskip("torch_xla")
 import torch  # noqa: E402
 from accel import Accelerator  # noqa: E402
 from accel_xla import XLAAdapter  # noqa: E402
-from accel_xla import options as opts  # noqa: E402
 from xla_helpers import cpu_weights, loader, model, train, train_plain  # noqa: E402
 
 
@@ -154,7 +153,7 @@ def test_launch_flags_set_the_pjrt_device() -> None:
     assert XLAAdapter.launch_env(args) == {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
     assert XLAAdapter.launch_env(parser.parse_args([])) == {}
     with pytest.raises(ValueError, match="needs --pjrt-device CPU"):
-        opts.launch_env(parser.parse_args(["--pjrt-device", "TPU", "--xla-cpu-devices", "2"]))
+        XLAAdapter.launch_env(parser.parse_args(["--pjrt-device", "TPU", "--xla-cpu-devices", "2"]))
 
 
 def test_vendor_module_and_its_stand_in_are_in_step() -> None:

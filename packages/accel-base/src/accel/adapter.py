@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .adapter_options import AdapterOptions
 from .distributed_type import DistributedType
 
 if TYPE_CHECKING:
@@ -96,15 +97,20 @@ class Adapter:
     """The `DistributedType` name data-parallel runs on this hardware report, as Accelerate
     names it (MULTI_CPU; an accelerator's adapter says MULTI_<DEVICE>), so scripts that compare
     `accelerator.distributed_type` against Accelerate's members keep working."""
+    options_class: ClassVar[type[AdapterOptions] | None] = None
+    """The adapter's options (an `accel.adapter_options.AdapterOptions` dataclass): parsed into
+    `self.config` at construction (its environment variables, then `Accelerator(adapter_options=...)`),
+    and the source of the adapter's `accel launch` flags and the variables they set."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
-        """`options`: the adapter's own settings by name (`Accelerator(adapter_options=...)`), which an
-        adapter with options parses in its own `__init__`.
+        """`options`: the adapter's own settings by name (`Accelerator(adapter_options=...)`), parsed
+        with `options_class` into `self.config` (an adapter without one may parse them in its own `__init__`).
 
         Raises:
             ValueError: options given to an adapter that takes none.
+            accel.adapter_options.AdapterOptionsError: an unknown option or a value it cannot take.
         """
-        if options and type(self).__init__ is Adapter.__init__:
+        if options and self.options_class is None and type(self).__init__ is Adapter.__init__:
             raise ValueError(
                 f"The {self.name!r} adapter takes no options; got adapter_options={dict(options)!r}. "
                 "Remove them, or select the adapter they belong to."
@@ -112,6 +118,8 @@ class Adapter:
         self.emulate = emulate
         self.options: dict[str, Any] = dict(options or {})
         self._vendor: ModuleType | None = None
+        self.config: Any = None if self.options_class is None else self.options_class.from_env(overrides=options)
+        """The parsed `options_class` (None without one)."""
 
     # ---- discovery -------------------------------------------------------------------
     def data_parallel_type(self, use_distributed: bool) -> DistributedType:
@@ -168,7 +176,20 @@ class Adapter:
         dist.barrier()
 
     def empty_cache(self) -> None:
-        """Release cached device memory (`free_memory`)."""
+        """Release cached device memory (`free_memory`). Default: the vendor module's `empty_cache()`
+        when it has one."""
+        self._forward("empty_cache")
+
+    def _forward(self, name: str, *args: Any) -> Any:
+        """`self.vendor.<name>(*args)` when the adapter declares a vendor module that has `name`; else None.
+
+        The device-call defaults (`empty_cache`, `manual_seed`, `get_device_rng_state`,
+        `set_device_rng_state`) go through here, so a vendor module exposing `empty_cache`,
+        `manual_seed`, `get_rng_state` and `set_rng_state` needs no adapter code for them."""
+        if (self.emulated_vendor_module if self.emulate else self.vendor_module) is None:
+            return None
+        function = getattr(self.vendor, name, None)
+        return None if function is None else function(*args)
 
     # ---- random state ------------------------------------------------------------------
     def get_rng_state(self) -> dict[str, Any]:
@@ -198,14 +219,19 @@ class Adapter:
             self.set_device_rng_state(state["device"])
 
     def get_device_rng_state(self) -> Any:
-        """RNG state of the device generators (None when the device has none of its own)."""
-        return None
+        """RNG state of the device generators: the vendor module's `get_rng_state()` when it has one,
+        else None (the device has none of its own)."""
+        return self._forward("get_rng_state")
 
     def set_device_rng_state(self, state: Any) -> None:
-        return None
+        """Restore `get_device_rng_state`'s result (the vendor module's `set_rng_state(state)`); None is skipped."""
+        if state is not None:
+            self._forward("set_rng_state", state)
 
     def manual_seed(self, seed: int) -> None:
-        """Seed the device generators (the host ones are seeded by `set_seed`)."""
+        """Seed the device generators (the host ones are seeded by `set_seed`): the vendor module's
+        `manual_seed(seed)` when it has one."""
+        self._forward("manual_seed", seed)
 
     # ---- precision ----------------------------------------------------------------------
     def supports_precision(self, precision: str) -> bool:
@@ -335,12 +361,14 @@ class Adapter:
     # ---- launch -------------------------------------------------------------------------
     @classmethod
     def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
-        """Add this adapter's own `accel launch` flags to its argument group."""
+        """Add this adapter's own `accel launch` flags to its argument group (default: `options_class`'s)."""
+        if cls.options_class is not None:
+            cls.options_class.add_launch_arguments(parser)
 
     @classmethod
     def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
-        """Environment variables for the workers, from this adapter's launch flags."""
-        return {}
+        """Environment variables for the workers, from this adapter's launch flags (default: `options_class`'s)."""
+        return {} if cls.options_class is None else cls.options_class.launch_env(args)
 
     def describe(self) -> str:
         mode = " (emulated on cpu)" if self.emulate else ""

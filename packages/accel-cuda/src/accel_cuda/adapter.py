@@ -41,11 +41,12 @@ class CUDAAdapter(Adapter):
     )
     vendor_module: ClassVar[str] = "accel_cuda.cuda"
     emulated_vendor_module: ClassVar[str] = "accel_cuda.cuda_emulated"
+    options_class: ClassVar[type[CUDAOptions]] = CUDAOptions
+    config: CUDAOptions
+    """Data-loader options (`ACCEL_CUDA_*`, then `Accelerator(adapter_options=...)`)."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
-        self.config = CUDAOptions.from_env(overrides=options)
-        """Data-loader options (`ACCEL_CUDA_*`, then `options` overrides)."""
         self.local_index: int | None = None
         """The GPU index this process uses (set by `device_for`)."""
 
@@ -91,19 +92,6 @@ class CUDAAdapter(Adapter):
         # without this every rank would create a context on GPU 0.
         if self.local_index is not None:
             self.vendor.set_device(self.local_index)
-
-    def empty_cache(self) -> None:
-        self.vendor.empty_cache()
-
-    def get_device_rng_state(self) -> Any:
-        return self.vendor.get_rng_state()
-
-    def set_device_rng_state(self, state: Any) -> None:
-        if state is not None:
-            self.vendor.set_rng_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        self.vendor.manual_seed(seed)
 
     # ---- precision ----------------------------------------------------------------------
     def supports_precision(self, precision: str) -> bool:

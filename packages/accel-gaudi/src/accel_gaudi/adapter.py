@@ -6,7 +6,6 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib.util
@@ -17,8 +16,8 @@ import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from accel.precision import wrap_forward_in_autocast
 
-from . import options as opts
 from .fp8 import GaudiFP8RecipeKwargs, convert_linears
+from .options import GaudiOptions
 
 if TYPE_CHECKING:
     from accel.prepare import PrepareContext
@@ -47,11 +46,12 @@ class GaudiAdapter(Adapter):
     )
     vendor_module: ClassVar[str] = "accel_gaudi.hpu"
     emulated_vendor_module: ClassVar[str] = "accel_gaudi.hpu_emulated"
+    options_class: ClassVar[type[GaudiOptions]] = GaudiOptions
+    config: GaudiOptions
+    """The parsed options (launch flags / `ACCEL_GAUDI_*`, then `Accelerator(adapter_options=...)`)."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
-        self.config = opts.GaudiOptions.from_env(overrides=options)
-        """The parsed options (launch flags / `ACCEL_GAUDI_*`, then `options` overrides)."""
         self._lazy: bool | None = None
 
     # ---- discovery and device -----------------------------------------------------------
@@ -85,16 +85,6 @@ class GaudiAdapter(Adapter):
         # hccl exists for torch.distributed only once Habana's module registers it, which
         # must happen before the process group starts.
         self.vendor.init_distributed()
-
-    def get_device_rng_state(self) -> Any:
-        return self.vendor.get_rng_state()
-
-    def set_device_rng_state(self, state: Any) -> None:
-        if state is not None:
-            self.vendor.set_rng_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        self.vendor.manual_seed(seed)
 
     @property
     def lazy(self) -> bool:
@@ -206,15 +196,6 @@ class GaudiAdapter(Adapter):
         if strategy_name == "fast_ddp":
             return {"allreduce_dtype": self.vendor.ALLREDUCE_DTYPE}
         return {}
-
-    # ---- launch ---------------------------------------------------------------------------
-    @classmethod
-    def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
-        opts.add_launch_arguments(parser)
-
-    @classmethod
-    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
-        return opts.launch_env(args)
 
     def describe(self) -> str:
         c = self.config

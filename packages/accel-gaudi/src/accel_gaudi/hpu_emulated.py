@@ -2,21 +2,21 @@
 
 Calls that only matter on the device (step markers, backend registration, seeding) are
 counted in `calls`, so tests can assert where the adapter makes them. The fp8 pieces
-stand for Habana's transformer engine: a Linear that really quantises its input, weight
-and output gradient to `torch.float8_e4m3fn` / `torch.float8_e5m2` with per-tensor
-delayed scaling, so numerics differ from fp32 the way fp8 training does.
+stand for Habana's transformer engine with the core's `accel.fp8_emulation`: a Linear that
+really quantises its input, weight and output gradient to `torch.float8_e4m3fn` /
+`torch.float8_e5m2` with per-tensor delayed scaling, so numerics differ from fp32 the way
+fp8 training does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
+from accel import fp8_emulation as f8
 from torch import nn
 
 COMPILE_BACKEND = "inductor"
@@ -66,127 +66,31 @@ def manual_seed(seed: int) -> None:
 
 # ---- fp8: stands for habana_frameworks.torch.hpex.experimental.transformer_engine ----------
 
-_FORMATS = {
-    # format: (forward dtype for inputs and weights, backward dtype for output gradients)
-    "E5M2": (torch.float8_e5m2, torch.float8_e5m2),
-    "HYBRID": (torch.float8_e4m3fn, torch.float8_e5m2),
-}
-
 
 @dataclass(kw_only=True, frozen=True)
-class DelayedScaling:
-    """Stands for `transformer_engine.recipe.DelayedScaling`."""
+class DelayedScaling(f8.Float8Recipe):
+    """Stands for `transformer_engine.recipe.DelayedScaling`: the core's emulated recipe, delayed."""
 
-    fp8_format: str
-    margin: int
-    interval: int
-    amax_history_len: int
-    amax_compute_algo: str
-    reduce_amax: bool
+    scaling: str = "delayed"
+    reduce_amax: bool = True
+    """Recorded as the vendor recipe has it; emulated ranks scale by their own amax."""
 
 
 def make_fp8_recipe(**kwargs: Any) -> DelayedScaling:
     return DelayedScaling(**kwargs)
 
 
-_active: list[DelayedScaling] = []
+fp8_autocast = f8.fp8_autocast
+"""Inside, fp8 Linears quantise with the recipe; outside they compute in full precision."""
 
 
-@contextlib.contextmanager
-def fp8_autocast(recipe: DelayedScaling) -> Iterator[None]:
-    """Inside, fp8 Linears quantise with `recipe`; outside they compute in full precision."""
-    _active.append(recipe)
-    try:
-        yield
-    finally:
-        _active.pop()
-
-
-def quantize(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round-trip through fp8: scale, saturate to the format's range, cast, cast back, unscale."""
-    fmax = torch.finfo(dtype).max
-    scaled = (tensor.float() * scale).clamp(-fmax, fmax)
-    return (scaled.to(dtype).float() / scale).to(tensor.dtype)
-
-
-class _ScalingState:
-    """Delayed scaling for one tensor role: the scale comes from the amax of earlier steps."""
-
-    def __init__(self) -> None:
-        self.history: list[torch.Tensor] = []
-        self.scale: torch.Tensor | None = None
-        self.steps = 0
-
-    def scale_for(self, tensor: torch.Tensor, dtype: torch.dtype, recipe: DelayedScaling) -> torch.Tensor:
-        amax = tensor.detach().abs().max().float()
-        if self.scale is None or self.steps % recipe.interval == 0:
-            # The first step has no history: it scales by its own amax.
-            past = self.history or [amax]
-            ref = torch.stack(past).max() if recipe.amax_compute_algo == "max" else past[-1]
-            ref = torch.where(ref > 0, ref, torch.ones_like(ref))
-            self.scale = torch.finfo(dtype).max / ref / (2.0**recipe.margin)
-        self.history = [*self.history, amax][-recipe.amax_history_len :]
-        self.steps += 1
-        return self.scale
-
-
-class _Fp8LinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, module: Linear
-    ) -> torch.Tensor:
-        recipe = _active[-1]
-        fwd, _ = _FORMATS[recipe.fp8_format]
-        xq = quantize(x, module.scaling["input"].scale_for(x, fwd, recipe), fwd)
-        wq = quantize(weight, module.scaling["weight"].scale_for(weight, fwd, recipe), fwd)
-        ctx.save_for_backward(xq, wq)
-        ctx.has_bias = bias is not None
-        ctx.module, ctx.recipe = module, recipe
-        out = xq @ wq.t()
-        return out + bias if bias is not None else out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        xq, wq = ctx.saved_tensors
-        _, bwd = _FORMATS[ctx.recipe.fp8_format]
-        gq = quantize(grad_out, ctx.module.scaling["grad_output"].scale_for(grad_out, bwd, ctx.recipe), bwd)
-        grad_x = gq @ wq
-        grad_w = gq.reshape(-1, gq.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])
-        grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None
-
-
-class Linear(nn.Module):
-    """Stands for transformer engine's `Linear`: fp8 compute inside `fp8_autocast`, plain outside."""
-
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        # Weights are attached afterwards (the vendor's skip_weight_param_allocation=True).
-        self.weight: nn.Parameter | None = None
-        self.bias: nn.Parameter | None = None
-        self.scaling = {role: _ScalingState() for role in ("input", "weight", "grad_output")}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.weight is not None
-        if not _active:
-            return nn.functional.linear(x, self.weight, self.bias)
-        # Autocast would re-cast the dequantised operands; fp8 is the compute precision here.
-        with torch.autocast(x.device.type, enabled=False):
-            bias = self.bias.float() if self.bias is not None else None
-            out = _Fp8LinearFunction.apply(x.float(), self.weight.float(), bias, self)
-        return out.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=emulated"
+class Linear(f8.Float8Linear):
+    """Stands for transformer engine's `Linear`: fp8 compute inside `fp8_autocast`, plain outside,
+    holding the converted layer's Parameters."""
 
 
 def fp8_linear(linear: nn.Linear) -> nn.Module:
-    module = Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-    module.weight = cast(nn.Parameter, linear.weight)
-    if linear.bias is not None:
-        module.bias = cast(nn.Parameter, linear.bias)
-    return module
+    return Linear(linear)
 
 
 def is_fp8_linear(module: nn.Module) -> bool:

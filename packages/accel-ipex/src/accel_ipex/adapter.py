@@ -6,7 +6,6 @@ so emulation keeps that module and changes only the device (`cpu`) and the backe
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import warnings
 from collections.abc import Mapping
@@ -16,8 +15,8 @@ import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from torch.nn.parallel import DistributedDataParallel
 
-from . import options as opts
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
+from .options import IpexOptions
 from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
 
 if TYPE_CHECKING:
@@ -48,11 +47,12 @@ class IpexAdapter(Adapter):
     )
     vendor_module: ClassVar[str] = "accel_ipex.ipex"
     emulated_vendor_module: ClassVar[str] = "accel_ipex.ipex"
+    options_class: ClassVar[type[IpexOptions]] = IpexOptions
+    config: IpexOptions
+    """The parsed options (launch flags / `ACCEL_IPEX_*`, then `Accelerator(adapter_options=...)`)."""
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
-        self.config = opts.IpexOptions.from_env(overrides=options)
-        """The parsed options (launch flags / `ACCEL_IPEX_*`, then `options` overrides)."""
         self._pending_optimizers: list[torch.optim.Optimizer] = []
         self._optimized: list[torch.optim.Optimizer] = []
 
@@ -232,15 +232,6 @@ class IpexAdapter(Adapter):
             return None
         self._optimized.append(owners[0])
         return owners[0]
-
-    # ---- launch -----------------------------------------------------------------------------
-    @classmethod
-    def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
-        opts.add_launch_arguments(parser)
-
-    @classmethod
-    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
-        return opts.launch_env(args)
 
     def describe(self) -> str:
         c = self.config

@@ -22,7 +22,7 @@ from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
 from accel.state import GradientState
 
-from . import options as opts
+from .options import XLALaunchOptions
 from .repoint import ParameterRecord, first_device, optimizer_params, repoint, retie, tied_groups
 
 if TYPE_CHECKING:
@@ -137,16 +137,6 @@ class XLAAdapter(Adapter):
     def barrier(self) -> None:
         self.vendor.barrier()
 
-    def get_device_rng_state(self) -> Any:
-        return self.vendor.get_rng_state()
-
-    def set_device_rng_state(self, state: Any) -> None:
-        if state is not None:
-            self.vendor.set_rng_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        self.vendor.manual_seed(seed)
-
     def counters(self) -> dict[str, int]:
         """Graphs compiled and executed so far on this process (torch_xla's metrics)."""
         return self.vendor.counters()  # type: ignore[no-any-return]
@@ -259,11 +249,12 @@ class XLAAdapter(Adapter):
     # ---- launch ---------------------------------------------------------------------------
     @classmethod
     def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
-        opts.add_launch_arguments(parser)
+        # Launch flags only: torch_xla, not the adapter, reads what they set (`options_class` stays None).
+        XLALaunchOptions.add_launch_arguments(parser)
 
     @classmethod
     def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
-        return opts.launch_env(args)
+        return XLALaunchOptions.launch_env(args)
 
     def describe(self) -> str:
         kind = "CPU (emulated)" if self.emulate else self.vendor.device_kind()

@@ -1,49 +1,45 @@
 """The XLA adapter's launch flags: `accel launch --adapter xla --pjrt-device TPU` sets what
-torch_xla reads in the workers. Parsed here, in one place.
+torch_xla reads in the workers (`PJRT_DEVICE`, `CPU_NUM_DEVICES`). The flags and variables come
+from `accel.adapter_options`; the adapter itself parses nothing (torch_xla reads the variables).
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
+from typing import ClassVar
+
+from accel.adapter_options import AdapterOptions, AdapterOptionsError, option
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 
 
-def add_launch_arguments(group: argparse._ArgumentGroup) -> None:
-    """The XLA flags of `accel launch`."""
-    group.add_argument(
-        "--pjrt-device",
-        dest="pjrt_device",
-        type=str.upper,
+@dataclass(kw_only=True, frozen=True)
+class XLALaunchOptions(AdapterOptions):
+    """What `accel launch` sets up for torch_xla in the workers."""
+
+    label: ClassVar[str] = "XLA"
+
+    pjrt_device: str | None = option(
+        None,
+        env="PJRT_DEVICE",
+        flag="--pjrt-device",
         choices=PJRT_DEVICES,
-        default=None,
         help="xla: the PJRT device the workers use (PJRT_DEVICE): TPU on a TPU VM, CPU for torch_xla's CPU device",
     )
-    group.add_argument(
-        "--xla-cpu-devices",
-        dest="xla_cpu_devices",
-        type=int,
-        default=None,
+    """The PJRT device (None: torch_xla's own choice)."""
+    xla_cpu_devices: int | None = option(
+        None,
+        env="CPU_NUM_DEVICES",
+        flag="--xla-cpu-devices",
+        minimum=1,
         help="xla: with --pjrt-device CPU, how many CPU devices each worker's runtime creates (CPU_NUM_DEVICES)",
     )
+    """With `pjrt_device="CPU"`: how many CPU devices each worker's runtime creates."""
 
-
-def launch_env(args: argparse.Namespace) -> dict[str, str]:
-    """The variables for the workers (only for the flags that were given).
-
-    Raises:
-        ValueError: `--xla-cpu-devices` below 1 or without `--pjrt-device CPU`.
-    """
-    env: dict[str, str] = {}
-    device = getattr(args, "pjrt_device", None)
-    if device is not None:
-        env["PJRT_DEVICE"] = device
-    cpu_devices = getattr(args, "xla_cpu_devices", None)
-    if cpu_devices is not None:
-        if cpu_devices < 1 or device != "CPU":
-            raise ValueError(
-                f"--xla-cpu-devices {cpu_devices} needs --pjrt-device CPU and a count of at least 1; "
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.xla_cpu_devices is not None and self.pjrt_device != "CPU":
+            raise AdapterOptionsError(
+                f"--xla-cpu-devices {self.xla_cpu_devices} needs --pjrt-device CPU; "
                 "on a TPU the runtime finds its chips itself."
             )
-        env["CPU_NUM_DEVICES"] = str(cpu_devices)
-    return env
