@@ -40,11 +40,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _start_workers(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+def _start_workers(tmp_path: Path, mode: str = "script") -> tuple[subprocess.Popen[bytes], list[int]]:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--cpu", str(script), str(tmp_path)]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    target = [str(script)]
+    if mode == "module":
+        target = ["-m", "loop"]
+    elif mode == "exec":
+        script.write_text(f"#!{sys.executable}\n{LOOP}")
+        script.chmod(0o755)
+        target = ["--no-python", str(script)]
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--cpu", *target, str(tmp_path)]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
     deadline = time.monotonic() + 120
     pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
     while not all(p.exists() and p.read_text() for p in pid_files):
@@ -78,6 +85,20 @@ def test_workers_die_with_their_launcher(tmp_path: Path, sig: signal.Signals) ->
     if sig != signal.SIGKILL:
         # torchrun's own handling: the launcher stops the workers and exits non-zero.
         assert launcher.returncode != 0
+
+
+@pytest.mark.parametrize("mode", ["module", "exec"])
+def test_module_and_no_python_workers_die_with_a_killed_launcher(tmp_path: Path, mode: str) -> None:
+    launcher, pids = _start_workers(tmp_path, mode)
+    try:
+        launcher.kill()
+        launcher.wait(timeout=60)
+        left = _wait_gone(pids, 10)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], f"{mode} workers {left} outlived a SIGKILLed launcher"
 
 
 def test_worker_runs_as_torchrun_would_run_it(tmp_path: Path) -> None:

@@ -66,7 +66,13 @@ def _run_in_process(mode: str, target: str, args: list[str]) -> None:
     import runpy
 
     if mode == "exec":
-        # A foreign executable cannot host the watchdog thread: it runs unguarded.
+        # A foreign executable cannot host the watchdog thread: it runs unguarded. Windows has
+        # no real exec (os.exec* starts a new process and ends this one, which the launcher
+        # would read as the worker's exit), so there it runs as a child.
+        if sys.platform == "win32":
+            import subprocess
+
+            sys.exit(subprocess.call([target, *args]))
         os.execvp(target, [target, *args])
     if mode == "module":
         sys.argv = [target, *args]  # runpy replaces argv[0] with the module's file
