@@ -1,5 +1,5 @@
 """A minimal accel adapter (docs/adapters.md walks through it)."""
 
-from .adapter import ExampleAdapter
+from .adapter import ExampleAdapter, ExampleOptions
 
-__all__ = ["ExampleAdapter"]
+__all__ = ["ExampleAdapter", "ExampleOptions"]

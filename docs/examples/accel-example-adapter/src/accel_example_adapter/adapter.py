@@ -1,11 +1,29 @@
-"""The adapter for the "example" device: a CPU that needs a step marker after every optimizer step."""
+"""The adapter for the "example" device: a CPU that needs a step marker after optimizer steps."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import ClassVar
 
 from accel.adapter import Adapter, Availability, Capabilities
+from accel.adapter_options import AdapterOptions, option
+
+
+@dataclass(kw_only=True, frozen=True)
+class ExampleOptions(AdapterOptions):
+    """The example adapter's options: `Accelerator(adapter_options=...)`, `accel launch` flags or variables."""
+
+    label: ClassVar[str] = "example"
+
+    mark_every: int = option(
+        1,
+        env="ACCEL_EXAMPLE_MARK_EVERY",
+        flag="--example-mark-every",
+        minimum=1,
+        help="example: optimizer steps between two step markers",
+    )
+    """Tell the device a step is done after every this many optimizer steps."""
 
 
 class ExampleAdapter(Adapter):
@@ -21,6 +39,9 @@ class ExampleAdapter(Adapter):
     )
     vendor_module: ClassVar[str] = "accel_example_adapter.device"
     emulated_vendor_module: ClassVar[str] = "accel_example_adapter.device_emulated"
+    options_class: ClassVar[type[ExampleOptions]] = ExampleOptions
+    config: ExampleOptions
+    optimizer_steps = 0
 
     @classmethod
     def availability(cls) -> Availability:
@@ -30,4 +51,6 @@ class ExampleAdapter(Adapter):
         return Availability(available=False, reason="no example device (EXAMPLE_DEVICE is not 1)")
 
     def after_optimizer_step(self) -> None:
-        self.vendor.mark_step()
+        self.optimizer_steps += 1
+        if self.optimizer_steps % self.config.mark_every == 0:
+            self.vendor.mark_step()
