@@ -167,8 +167,17 @@ class AdapterOptions:
         return {f.spec.env: _word(f, getattr(checked, f.name)) for f in _fields(cls) if f.name in given}
 
 
-@functools.cache
+_FIELDS: dict[type, tuple[_Field, ...]] = {}
+
+
 def _fields(cls: type) -> tuple[_Field, ...]:
+    """The options of `cls` (read once per class)."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = _read_fields(cls)
+    return _FIELDS[cls]
+
+
+def _read_fields(cls: type) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
