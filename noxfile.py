@@ -36,6 +36,7 @@ nox.options.sessions = [
     "quickstart",
     "build",
     "compat",
+    "trackers",
 ]
 nox.options.error_on_missing_interpreters = True
 
@@ -277,3 +278,13 @@ def compat(session: nox.Session) -> None:
     install_base(session)
     session.install("accelerate==1.15.0", "pytest", "pytest-timeout", TORCH)
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def trackers(session: nox.Session) -> None:
+    """Accelerate's trackers (W&B, MLflow, Comet, Aim, ClearML, DVCLive, Trackio, SwanLab) against their real
+    packages in offline or local mode, from accel-base's `trackers` extra."""
+    install_base(session, "trackers")
+    session.install("pytest", "pytest-timeout")
+    env = {"WANDB_SILENT": "true", "CLEARML_OFFLINE_MODE": "1"}
+    session.run("pytest", f"{BASE}/tests/test_real_trackers.py", "-q", "--timeout=600", *session.posargs, env=env)

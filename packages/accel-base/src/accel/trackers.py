@@ -1,8 +1,9 @@
 """Experiment trackers: a registry of names, only the main process writes.
 
 Built in: "jsonl" (one JSON object per `log` call in `<logging_dir>/<project>/metrics.jsonl`)
-and "tensorboard" (event files through `torch.utils.tensorboard`). Another tracker is one
-`register_tracker` call, not an edit of the Accelerator.
+and "tensorboard" (event files through `torch.utils.tensorboard`); the peer library's others
+("wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "trackio", "swanlab") are in
+`accel.tracking`. Another tracker is one `register_tracker` call, not an edit of the Accelerator.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class TrackerHub:
         elif isinstance(log_with, (str, GeneralTracker)):
             log_with = [log_with]
         if "all" in log_with:
-            log_with = list(_TRACKERS)
+            from .tracking import get_available_trackers
+
+            log_with = ["jsonl", *get_available_trackers()]
         for item in log_with:
             if isinstance(item, str) and item not in _TRACKERS:
                 raise ValueError(
@@ -172,3 +175,7 @@ class _NullTracker(GeneralTracker):
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
+
+
+# The third-party trackers register themselves under the peer library's names.
+from . import tracking as _tracking  # noqa: E402, F401
