@@ -15,9 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import launch
-
 from accel import Accelerator
+from conftest import launch
 
 LOSSES = [1.0, 0.5, 0.25]
 

@@ -179,14 +179,16 @@ class AcceleratorCompatMixin:
         if not hasattr(model, "require_backward_grad_sync") or not hasattr(model, "reducer"):
             yield
             return
-        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
+        ddp: Any = model
+        saved = (ddp.require_backward_grad_sync, ddp.require_forward_param_sync)
+        ddp.require_backward_grad_sync = True
+        ddp.require_forward_param_sync = True
+        # DDP skips its reducer's preparation under no_sync; this forward already ran, so prepare now.
+        ddp.reducer.prepare_for_backward([])
         try:
             yield
         finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+            ddp.require_backward_grad_sync, ddp.require_forward_param_sync = saved
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:

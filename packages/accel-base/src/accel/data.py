@@ -483,7 +483,7 @@ def _shuffled_batch_sampler(
             )
             base = BatchSampler(seeded, base.batch_size, base.drop_last)
         return base, None
-    if not synchronize or not hasattr(sampler, "generator"):
+    if not synchronize or sampler is None or not hasattr(sampler, "generator"):
         return base, None
     if sampler.generator is None:
         generator = torch.Generator()

@@ -52,15 +52,15 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         in_order = kwargs.pop("in_order", False)
         if not self.isEnabledFor(level):
             return
-        msg, kwargs = self.process(msg, kwargs)
+        msg, options = self.process(msg, kwargs)
         if not in_order:
             if self._should_log(main_process_only):
-                self.logger.log(level, msg, *args, **kwargs)
+                self.logger.log(level, msg, *args, **options)
             return
         state = PartialState()
         for rank in range(state.num_processes):
             if rank == state.process_index:
-                self.logger.log(level, msg, *args, **kwargs)
+                self.logger.log(level, msg, *args, **options)
             state.wait_for_everyone()
 
     @functools.lru_cache(None)  # noqa: B019 - once per message for the process's lifetime is the point

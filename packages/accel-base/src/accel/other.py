@@ -64,7 +64,7 @@ def save(
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
     """The state dict without shared storage (safetensors refuses tensors sharing memory): later aliases are
     dropped, and every tensor is made contiguous."""
-    seen: dict[tuple[Any, int], str] = {}
+    seen: dict[tuple[Any, Any], str] = {}
     cleaned: dict[str, Any] = {}
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
