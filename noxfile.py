@@ -274,9 +274,10 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def compat(session: nox.Session) -> None:
     """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
-    numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current."""
+    numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current;
+    and a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back."""
     install_base(session)
-    session.install("accelerate==1.15.0", "pytest", "pytest-timeout", TORCH)
+    session.install("accelerate==1.15.0", "transformers>=4.50", "pytest", "pytest-timeout", TORCH)
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
 
 
