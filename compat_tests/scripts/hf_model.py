@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import torch
+from accel import Accelerator, set_seed
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import ModelOutput
-
-from accel import Accelerator, set_seed
 
 out, strategy, precision = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 set_seed(0)

@@ -20,6 +20,7 @@ from .errors import (
     UnsafeCheckpointError,
 )
 from .handlers import ProfileKwargs
+from .imports import is_rich_available
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -85,6 +86,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "debug_launcher",
     "find_executable_batch_size",
+    "is_rich_available",
     "notebook_launcher",
     "set_seed",
     "skip_first_batches",

@@ -121,9 +121,11 @@ class TrackerHub:
         elif isinstance(log_with, (str, GeneralTracker)):
             log_with = [log_with]
         if "all" in log_with:
-            from .tracking import get_available_trackers
+            from .tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
-            log_with = ["jsonl", *get_available_trackers()]
+            # Every registered tracker, except the peer library's whose package is not installed.
+            available = set(get_available_trackers())
+            log_with = [name for name in _TRACKERS if name not in LOGGER_TYPE_TO_CLASS or name in available]
         for item in log_with:
             if isinstance(item, str) and item not in _TRACKERS:
                 raise ValueError(
