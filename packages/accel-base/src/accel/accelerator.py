@@ -24,7 +24,7 @@ from .accelerate_env import launch_defaults
 from .accelerate_objects import convert, convert_accelerator_arguments
 from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
-from .compile import is_compiled_module
+from .compile import strip_compile, unwrap_through
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .errors import CheckpointError, StrategyNotSupportedError
 from .kwargs import (
@@ -42,6 +42,7 @@ from .kwargs import (
 from .optimizer import AcceleratedOptimizer
 from .precision import remove_autocast_wrapper
 from .prepare import PrepareContext
+from .prepared import Prepared, RunContext
 from .registry import get_strategy_class
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 from .state import AcceleratorState, DistributedType, GradientState
@@ -184,6 +185,7 @@ class Accelerator(AcceleratorCompatMixin):
         # Called after every backward with whether it synchronises gradients; looked up once
         # so that strategies without the hook cost nothing per step.
         overridden = type(self.strategy).after_backward is not Strategy.after_backward
+        self._asked_adapter_defaults: dict[str, Any] | None = None
         self._strategy_after_backward = self.strategy.after_backward if overridden else None
         use_distributed = self.state.use_distributed
         self.state._partial.distributed_type = self.strategy.distributed_type(
@@ -216,17 +218,57 @@ class Accelerator(AcceleratorCompatMixin):
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoaderShard] = []
-        self._custom_objects: list[Any] = []
+        self.prepared = Prepared(scaler=self.scaler)
+        """Every prepared object (the registry strategies and checkpoints receive)."""
         self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        self._save_state_pre_hooks: dict[int, Callable[..., Any]] = {}
-        self._load_state_pre_hooks: dict[int, Callable[..., Any]] = {}
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        return self.prepared.models
+
+    @property
+    def _optimizers(self) -> list[AcceleratedOptimizer]:
+        return self.prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[AcceleratedScheduler]:
+        return self.prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[DataLoaderShard]:
+        return self.prepared.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self.prepared.custom_objects
+
+    @property
+    def _adapter_defaults(self) -> dict[str, Any]:
+        """The adapter's defaults for the strategy, asked once, at the first `prepare`."""
+        if self._asked_adapter_defaults is None:
+            self._asked_adapter_defaults = dict(self.adapter.strategy_defaults(self.strategy.name))
+        return self._asked_adapter_defaults
+
+    def _run(self) -> RunContext:
+        """The frozen view of the run handed to strategies and checkpoints."""
+        return RunContext(
+            device=self.device,
+            process_index=self.process_index,
+            local_process_index=self.local_process_index,
+            num_processes=self.num_processes,
+            is_main_process=self.is_main_process,
+            is_local_main_process=self.is_local_main_process,
+            use_distributed=self.use_distributed,
+            mixed_precision=self.mixed_precision,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            adapter=self.adapter,
+            strategy=self.strategy,
+            adapter_defaults=self._adapter_defaults,
+        )
+
     @property
     def adapter(self) -> Adapter:
         """The hardware adapter in use."""
@@ -370,7 +412,7 @@ class Accelerator(AcceleratorCompatMixin):
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
-            adapter_defaults=self.adapter.strategy_defaults(self.strategy.name),
+            adapter_defaults=self._adapter_defaults,
         )
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -391,7 +433,7 @@ class Accelerator(AcceleratorCompatMixin):
             )
         else:
             self.strategy.validate_device_placement(device_placement)
-        self.strategy.validate_prepare(args, self)
+        self.strategy.validate_prepare(args, self._run())
         _warn_detached_optimizers(args, self._models)
         objects = list(args)
         self.adapter.before_prepare(objects, self._context(self.device_placement))
@@ -403,7 +445,10 @@ class Accelerator(AcceleratorCompatMixin):
                 if _prepare_stage(obj) == stage:
                     result[i] = self._prepare_one(obj, device_placement[i])
         self.adapter.after_prepare(result, self._context(self.device_placement))
-        self.strategy.after_prepare(result, self)
+        self.strategy.after_prepare(result, self.prepared, self._run())
+        steps = self.strategy.accumulation_steps()
+        if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
+            self.gradient_accumulation_steps = steps
         for obj in result:
             with contextlib.suppress(AttributeError, TypeError):
                 obj._is_accel_prepared = True
@@ -453,9 +498,12 @@ class Accelerator(AcceleratorCompatMixin):
         if device_placement is None:
             device_placement = self.device_placement
         original = optimizer
-        optimizer = self.strategy.prepare_optimizer(optimizer, self)
+        # A strategy that replaces the optimizer (DeepSpeed's engine, megatron-core's) also
+        # rebuilds its schedulers in `prepare_scheduler`; schedulers follow the adapter's.
+        optimizer = self.strategy.prepare_optimizer(optimizer, self._run())
+        from_strategy = optimizer
         optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
-        if optimizer is not original:
+        if optimizer is not from_strategy:
             self._follow_replaced_optimizer(original, optimizer)
         wrapped = AcceleratedOptimizer(
             optimizer, device_placement=device_placement, scaler=self.scaler, adapter=self.adapter, device=self.device
@@ -472,7 +520,7 @@ class Accelerator(AcceleratorCompatMixin):
         if replacement is not None and replacement[0]() is optimizer:
             follow_replaced_optimizer(scheduler, optimizer, replacement[1])
             optimizer = replacement[1]
-        scheduler = self.strategy.prepare_scheduler(scheduler, self)
+        scheduler = self.strategy.prepare_scheduler(scheduler, self.prepared, self._run())
         optimizers = [opt for opt in self._optimizers if opt.optimizer is optimizer or opt is optimizer] or [optimizer]
         wrapped = AcceleratedScheduler(
             scheduler,
@@ -543,7 +591,7 @@ class Accelerator(AcceleratorCompatMixin):
             loss = loss / self.gradient_state.num_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        if not self.strategy.backward(loss, self, **kwargs):
+        if not self.strategy.backward(loss, sync=self.gradient_state.sync_gradients, **kwargs):
             self.adapter.backward(loss, **kwargs)
         self.adapter.after_backward()
         if self._strategy_after_backward is not None:
@@ -643,7 +691,7 @@ class Accelerator(AcceleratorCompatMixin):
         """Clip the global gradient norm; returns the norm before clipping."""
         self.unscale_gradients()
         params = list(parameters)
-        handled = self.strategy.clip_grad_norm_(params, max_norm, norm_type, self)
+        handled = self.strategy.clip_grad_norm_(params, max_norm, norm_type)
         if handled is not None:
             return handled
         return self.adapter.clip_grad_norm_(params, max_norm, norm_type)
@@ -708,17 +756,7 @@ class Accelerator(AcceleratorCompatMixin):
 
         With `keep_fp32_wrapper=False` the mixed-precision forward is removed as well.
         """
-        inner = model
-        while True:
-            nxt = self.strategy.unwrap(inner)
-            if nxt is inner and is_compiled_module(inner):
-                orig: torch.nn.Module = inner._orig_mod  # type: ignore[assignment]
-                # A compiled strategy wrapper is no user module: always look through it.
-                if not keep_torch_compile or self.strategy.unwrap(orig) is not orig:
-                    nxt = orig
-            if nxt is inner:
-                break
-            inner = nxt
+        inner = unwrap_through(model, self.strategy, keep_torch_compile=keep_torch_compile)
         if not keep_fp32_wrapper:
             remove_autocast_wrapper(inner)
         return inner
@@ -731,12 +769,12 @@ class Accelerator(AcceleratorCompatMixin):
         """The full state dict of `model` (gathered if it is sharded). Call it on every process."""
         if not unwrap:
             return model.state_dict()
-        return self.strategy.full_state_dict(_strip_compile(model))
+        return self.strategy.full_state_dict(strip_compile(model))
 
     def _load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
     ) -> None:
-        self.strategy.load_full_state_dict(_strip_compile(model), state_dict, strict=strict)
+        self.strategy.load_full_state_dict(strip_compile(model), state_dict, strict=strict)
 
     def save_model(
         self,
@@ -771,10 +809,7 @@ class Accelerator(AcceleratorCompatMixin):
 
         Returns `objects` as a list of None, to rebind: `model, opt = accelerator.free_memory(model, opt)`.
         """
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self.prepared.clear()
         self.step = 0
         gc.collect()
         self.adapter.empty_cache()
@@ -801,11 +836,11 @@ class Accelerator(AcceleratorCompatMixin):
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """Call `hook(models, weights, output_dir)` before `save_state` writes."""
-        return _HookHandle(self._save_state_pre_hooks, hook)
+        return _HookHandle(self.prepared.save_state_pre_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """Call `hook(models, input_dir)` before `load_state` reads."""
-        return _HookHandle(self._load_state_pre_hooks, hook)
+        return _HookHandle(self.prepared.load_state_pre_hooks, hook)
 
     def save_state(
         self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **_: Any
@@ -830,7 +865,9 @@ class Accelerator(AcceleratorCompatMixin):
             raise ValueError(
                 "save_state needs `output_dir` (or ProjectConfiguration(automatic_checkpoint_naming=True))."
             )
-        path = ckpt.save_state(self, output_dir, safe_serialization=safe_serialization)
+        path = ckpt.save_state(
+            self.prepared, self._run(), output_dir, step=self.step, safe_serialization=safe_serialization
+        )
         if cfg.automatic_checkpoint_naming:
             # Pruned only after the new checkpoint is complete: a crash mid-save must
             # leave the previous one loadable.
@@ -858,7 +895,8 @@ class Accelerator(AcceleratorCompatMixin):
             number, input_dir = found[-1]
         else:
             number = ckpt.checkpoint_number(input_dir)
-        ckpt.load_state(self, input_dir, strict=strict)
+        manifest = ckpt.load_state(self.prepared, self._run(), input_dir, strict=strict)
+        self.step = int(manifest.get("step", 0))
         if cfg.automatic_checkpoint_naming and number is not None:
             # Continue numbering after the loaded checkpoint instead of colliding with it.
             cfg.iteration = number + 1
@@ -1007,10 +1045,6 @@ def _prepare_stage(obj: Any) -> int:
     ):
         return 2
     return 0
-
-
-def _strip_compile(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "_orig_mod", model)
 
 
 def _check_device_map(

@@ -38,7 +38,6 @@ ADAPTER_API_VERSION = 2
 strategies' `after_backward`) and removed `synchronize` and `memory_stats`, which nothing called."""
 SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2})
 """Versions that load: 2 only adds hooks with defaults to 1, so an adapter built for 1 runs unchanged."""
-"""Version of this contract. An adapter built for another major version is refused by name."""
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
 

@@ -43,11 +43,12 @@ from .checkpoint_layout import (
     prune,
 )
 from .checkpoint_validate import check_loader_states, check_mapping, check_model_state, check_optimizer_state
+from .compile import strip_compile, unwrap_through
 from .errors import CheckpointError
 from .tree import send_to_device
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    from .prepared import Prepared, RunContext
 
 __all__ = [
     "MANIFEST",
@@ -73,14 +74,14 @@ def _name(kind: str, i: int, ext: str) -> str:
 
 
 # ---- agreement between ranks ----------------------------------------------------------------
-def _agree(accelerator: Accelerator, error: Exception | None, payload: Any = None) -> list[tuple[str | None, Any]]:
+def _agree(ctx: RunContext, error: Exception | None, payload: Any = None) -> list[tuple[str | None, Any]]:
     """Every rank's (error message or None, payload), on every rank."""
     mine = (None if error is None else f"{type(error).__name__}: {error}", payload)
-    if not accelerator.use_distributed:
+    if not ctx.use_distributed:
         return [mine]
     import torch.distributed as dist
 
-    out: list[Any] = [None] * accelerator.num_processes
+    out: list[Any] = [None] * ctx.num_processes
     dist.all_gather_object(out, mine)
     return out
 
@@ -105,7 +106,12 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
 
 # ---- save --------------------------------------------------------------------------------
 def save_state(
-    accelerator: Accelerator, output_dir: str | os.PathLike[str], *, safe_serialization: bool = True
+    prepared: Prepared,
+    ctx: RunContext,
+    output_dir: str | os.PathLike[str],
+    *,
+    step: int = 0,
+    safe_serialization: bool = True,
 ) -> Path:
     """Write every prepared object's state to `output_dir`. Runs on all ranks.
 
@@ -119,21 +125,19 @@ def save_state(
     """
     final = Path(output_dir)
     staging = final / layout.STAGING
-    writer = accelerator.is_main_process or (
-        accelerator.project_configuration.save_on_each_node and accelerator.is_local_main_process
-    )
+    writer = ctx.is_main_process or (ctx.save_on_each_node and ctx.is_local_main_process)
     _, error = _attempt(lambda: layout.begin(final)) if writer else (None, None)
-    _raise_if_failed(_agree(accelerator, error), error, f"save_state({final})")
+    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
 
-    written, error = _attempt(lambda: _write_files(accelerator, staging, writer, safe_serialization))
-    results = _agree(accelerator, error, written)
+    written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
+    results = _agree(ctx, error, written)
     if any(msg is not None for msg, _ in results) and writer:
         _remove(staging)
     _raise_if_failed(results, error, f"save_state({final})")
 
     error = None
     if writer:
-        manifest = _manifest(accelerator, staging, [payload for _, payload in results])
+        manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
         _, error = _attempt(lambda: layout.seal(staging, final, manifest))
         if error is not None:
             _remove(staging)
@@ -141,20 +145,20 @@ def save_state(
             # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
             # finished by the next save (layout.recover), so staging must stay.
             _, error = _attempt(lambda: layout.commit(staging, final))
-    _raise_if_failed(_agree(accelerator, error), error, f"save_state({final})")
+    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
     return final
 
 
-def _write_files(accelerator: Accelerator, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
+def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
     """Write this rank's share; returns the names written and their hashes."""
-    for hook in accelerator._save_state_pre_hooks.values():
-        hook(accelerator._models, [], str(staging))
+    for hook in prepared.save_state_pre_hooks.values():
+        hook(prepared.models, [], str(staging))
     # A sharding strategy writes models and optimizers its own way (None: the default files).
-    custom = accelerator.strategy.save_checkpoint_state(accelerator, staging, writer=writer, safe_serialization=safe)
+    custom = ctx.strategy.save_checkpoint_state(prepared, ctx, staging, writer=writer, safe_serialization=safe)
     # Gathers (collectives) first, on every rank; then writes, on the writer only, so that a
     # failed write cannot leave the other ranks waiting in a gather.
-    models = [] if custom is not None else [accelerator.get_state_dict(m) for m in accelerator._models]
-    on_host = accelerator.state.adapter.checkpoint_on_host
+    models = [] if custom is not None else [ctx.strategy.full_state_dict(strip_compile(m)) for m in prepared.models]
+    on_host = ctx.adapter.checkpoint_on_host
 
     def host(obj: Any) -> Any:
         return send_to_device(obj, torch.device("cpu")) if on_host else obj
@@ -165,30 +169,30 @@ def _write_files(accelerator: Accelerator, staging: Path, writer: bool, safe: bo
         for i, sd in enumerate(models):
             name = _name("model", i, "safetensors" if safe else "bin")
             hashes[name] = write_weights(sd, staging / name, safe)
-        optimizers = accelerator._optimizers if custom is None else []
+        optimizers = prepared.optimizers if custom is None else []
         for i, opt in enumerate(optimizers):
             hashes[_name("optimizer", i, "bin")] = save_torch(
                 host(opt.state_dict()), staging / _name("optimizer", i, "bin")
             )
-        for i, sched in enumerate(accelerator._schedulers):
+        for i, sched in enumerate(prepared.schedulers):
             hashes[_name("scheduler", i, "bin")] = save_torch(
                 sched.state_dict(), staging / _name("scheduler", i, "bin")
             )
-        if accelerator.scaler is not None:
-            hashes["scaler.pt"] = save_torch(accelerator.scaler.state_dict(), staging / "scaler.pt")
-        loaders = [dl.state_dict() for dl in accelerator._dataloaders]
+        if prepared.scaler is not None:
+            hashes["scaler.pt"] = save_torch(prepared.scaler.state_dict(), staging / "scaler.pt")
+        loaders = [dl.state_dict() for dl in prepared.dataloaders]
         hashes["dataloaders.json"] = save_json(loaders, staging / "dataloaders.json")
-        for i, obj in enumerate(accelerator._custom_objects):
+        for i, obj in enumerate(prepared.custom_objects):
             name = f"custom_checkpoint_{i}.bin"
             hashes[name] = save_torch(host(obj.state_dict()), staging / name)
         files += [n for n in hashes if n not in files]
     # Every rank's RNG: dropout and every other consumer must continue exactly per rank.
-    rng = f"random_states_{accelerator.process_index}.pt"
-    hashes[rng] = save_torch(accelerator.state.adapter.get_rng_state(), staging / rng)
+    rng = f"random_states_{ctx.process_index}.pt"
+    hashes[rng] = save_torch(ctx.adapter.get_rng_state(), staging / rng)
     return {"files": files, "custom": list(custom or []), "hashes": hashes}
 
 
-def _manifest(accelerator: Accelerator, staging: Path, shares: list[dict[str, Any]]) -> dict[str, Any]:
+def _manifest(ctx: RunContext, staging: Path, shares: list[dict[str, Any]], step: int) -> dict[str, Any]:
     hashes: dict[str, str] = {}
     files: list[str] = []
     custom: list[str] = []
@@ -202,10 +206,10 @@ def _manifest(accelerator: Accelerator, staging: Path, shares: list[dict[str, An
         hashes.update(_hash_tree(staging, name))
     return layout.new_manifest(
         files,
-        [f"random_states_{r}.pt" for r in range(accelerator.num_processes)],
+        [f"random_states_{r}.pt" for r in range(ctx.num_processes)],
         hashes,
-        num_processes=accelerator.num_processes,
-        step=accelerator.step,
+        num_processes=ctx.num_processes,
+        step=step,
         strategy_files=custom,
     )
 
@@ -224,7 +228,9 @@ def _remove(path: Path) -> None:
 
 
 # ---- load --------------------------------------------------------------------------------
-def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str], *, strict: bool = True) -> dict[str, Any]:
+def load_state(
+    prepared: Prepared, ctx: RunContext, input_dir: str | os.PathLike[str], *, strict: bool = True
+) -> dict[str, Any]:
     """Restore what `save_state` wrote into the prepared objects. Returns the manifest.
 
     Everything is read, verified against the recorded hashes and checked against the live
@@ -240,25 +246,24 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str], *, s
     what = f"load_state({directory})"
     # A commit a crash interrupted is finished first (it moves only accel's own files), so
     # that every reader, a strategy's included, finds the checkpoint in one directory.
-    _, error = _attempt(lambda: _finish_interrupted(directory)) if accelerator.is_main_process else (None, None)
-    _raise_if_failed(_agree(accelerator, error), error, what)
+    _, error = _attempt(lambda: _finish_interrupted(directory)) if ctx.is_main_process else (None, None)
+    _raise_if_failed(_agree(ctx, error), error, what)
     found, error = _attempt(lambda: _locate(directory))
-    _raise_if_failed(_agree(accelerator, error), error, what)
+    _raise_if_failed(_agree(ctx, error), error, what)
     assert found is not None
 
-    for hook in accelerator._load_state_pre_hooks.values():
-        hook(accelerator._models, str(directory))
+    for hook in prepared.load_state_pre_hooks.values():
+        hook(prepared.models, str(directory))
 
     custom = list(found.manifest.get("strategy_files", []))
-    plan, error = _attempt(lambda: _read_and_check(accelerator, found, strict, custom))
-    _raise_if_failed(_agree(accelerator, error), error, what)
+    plan, error = _attempt(lambda: _read_and_check(prepared, ctx, found, strict, custom))
+    _raise_if_failed(_agree(ctx, error), error, what)
     assert plan is not None
 
-    if accelerator.strategy.load_checkpoint_state(accelerator, found.directory, strict=strict):
+    if ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict):
         plan.pop("models", None)
         plan.pop("optimizers", None)
-    _apply(accelerator, plan)
-    accelerator.step = int(found.manifest.get("step", 0))
+    _apply(ctx, plan)
     return dict(found.manifest)
 
 
@@ -279,10 +284,12 @@ def _locate(directory: Path) -> layout.Located:
     )
 
 
-def _read_and_check(accelerator: Accelerator, found: layout.Located, strict: bool, custom: list[str]) -> dict[str, Any]:
+def _read_and_check(
+    prepared: Prepared, ctx: RunContext, found: layout.Located, strict: bool, custom: list[str]
+) -> dict[str, Any]:
     """Every file this rank needs, read and verified, and checked against the live objects."""
     plan: dict[str, Any] = {"strict": strict}
-    rank, world = accelerator.process_index, accelerator.num_processes
+    rank, world = ctx.process_index, ctx.num_processes
     # Files a strategy reads itself are verified here, each by one rank (they can be large).
     for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
         if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
@@ -296,49 +303,49 @@ def _read_and_check(accelerator: Accelerator, found: layout.Located, strict: boo
 
     if not custom:
         plan["models"] = []
-        for i, model in enumerate(accelerator._models):
+        for i, model in enumerate(prepared.models):
             name = _name("model", i, "safetensors")
             if found.path(name).is_file():
                 sd = load_safetensors(found.path(name), sha256=found.sha256(name))
             else:
                 name = _name("model", i, "bin")
                 sd = torch_file(name)
-            live = accelerator.unwrap_model(model).state_dict()
+            live = unwrap_through(model, ctx.strategy).state_dict()
             check_model_state(live, sd, found.path(name), strict=strict)
             plan["models"].append((model, sd))
         plan["optimizers"] = []
-        location = "cpu" if accelerator.state.adapter.checkpoint_on_host else accelerator.device
-        for i, opt in enumerate(accelerator._optimizers):
+        location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
+        for i, opt in enumerate(prepared.optimizers):
             name = _name("optimizer", i, "bin")
             sd = torch_file(name, map_location=location)
             check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
             plan["optimizers"].append((opt, sd))
     plan["objects"] = []
-    for i, sched in enumerate(accelerator._schedulers):
+    for i, sched in enumerate(prepared.schedulers):
         name = _name("scheduler", i, "bin")
         state = torch_file(name)
         check_mapping(state, found.path(name), "scheduler")
         plan["objects"].append((sched, state))
-    if accelerator.scaler is not None:
+    if prepared.scaler is not None:
         state = torch_file("scaler.pt")
         check_mapping(state, found.path("scaler.pt"), "grad scaler")
-        plan["objects"].append((accelerator.scaler, state))
+        plan["objects"].append((prepared.scaler, state))
     if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
         states = load_json(found.path("dataloaders.json"), sha256=found.sha256("dataloaders.json"))
         check_loader_states(states, found.path("dataloaders.json"))
-        plan["objects"] += list(zip(accelerator._dataloaders, states))
-    for i, obj in enumerate(accelerator._custom_objects):
+        plan["objects"] += list(zip(prepared.dataloaders, states))
+    for i, obj in enumerate(prepared.custom_objects):
         name = f"custom_checkpoint_{i}.bin"
         state = torch_file(name)
         plan["objects"].append((obj, state))
-    rng = f"random_states_{accelerator.process_index}.pt"
+    rng = f"random_states_{ctx.process_index}.pt"
     plan["rng"] = [torch_file(rng)] if found.path(rng).is_file() else []
     return plan
 
 
-def _apply(accelerator: Accelerator, plan: dict[str, Any]) -> None:
+def _apply(ctx: RunContext, plan: dict[str, Any]) -> None:
     """Apply a checked plan. What is cheap to snapshot is restored if a later step still fails."""
-    adapter = accelerator.state.adapter
+    adapter = ctx.adapter
     undo: list[tuple[Any, Any]] = []
     rng_before = adapter.get_rng_state()
     try:
@@ -353,7 +360,7 @@ def _apply(accelerator: Accelerator, plan: dict[str, Any]) -> None:
         # Models last: loading writes into their parameters, which cannot be undone without a
         # copy of every weight. Their keys and shapes were checked before this point.
         for model, sd in plan.get("models", []):
-            accelerator._load_model_state_dict(model, sd, strict=plan["strict"])
+            ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=plan["strict"])
         for state in plan["rng"]:
             adapter.set_rng_state(state)
     except Exception as exc:

@@ -47,3 +47,25 @@ def compile_regions(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         return cast(torch.nn.Module, torch.compile(model, **kwargs))
     model._accel_regionally_compiled = True  # type: ignore[assignment]
     return model
+
+
+def strip_compile(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a `torch.compile` wrapper (the module itself when not compiled)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def unwrap_through(model: torch.nn.Module, strategy: Any, *, keep_torch_compile: bool = True) -> torch.nn.Module:
+    """`model` out of every `strategy` wrapper, and out of compile wrappers unless `keep_torch_compile`.
+
+    A compiled strategy wrapper is no user module: it is always looked through.
+    """
+    inner = model
+    while True:
+        nxt = strategy.unwrap(inner)
+        if nxt is inner and is_compiled_module(inner):
+            orig: torch.nn.Module = inner._orig_mod  # type: ignore[assignment]
+            if not keep_torch_compile or strategy.unwrap(orig) is not orig:
+                nxt = orig
+        if nxt is inner:
+            return inner
+        inner = nxt

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from accel.errors import CheckpointError
 from torch import nn
+
+if TYPE_CHECKING:
+    from accel.prepared import Prepared, RunContext
 
 _MODELS = "megatron_models"
 _MANIFEST = "megatron.json"
@@ -92,20 +95,20 @@ def load_full_state_dict(module: nn.Module, state_dict: dict[str, torch.Tensor],
             local[key].copy_(piece)
 
 
-def _sharded(accelerator: Any, *, loading: bool) -> dict[str, Any]:
+def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallel
 
     from .optim import MegatronOptimizer
 
     state: dict[str, Any] = {}
     model_states = []
-    for i, model in enumerate(accelerator._models):
+    for i, model in enumerate(prepared.models):
         inner = model.module if isinstance(model, DistributedDataParallel) else model
         model_state = inner.sharded_state_dict(prefix=f"model{i}.")
         model_states.append(model_state)
         state[f"model{i}"] = model_state
     merged = {k: v for s in model_states for k, v in s.items()}
-    for i, opt in enumerate(accelerator._optimizers):
+    for i, opt in enumerate(prepared.optimizers):
         inner_opt = opt.optimizer
         if not isinstance(inner_opt, MegatronOptimizer):
             raise CheckpointError(f"Optimizer {i} is not megatron-core's; prepare it with the megatron strategy.")
@@ -113,22 +116,22 @@ def _sharded(accelerator: Any, *, loading: bool) -> dict[str, Any]:
     return state
 
 
-def save(accelerator: Any, directory: Path) -> list[str]:
+def save(prepared: Prepared, ctx: RunContext, directory: Path) -> list[str]:
     """Write every prepared model and optimizer with megatron-core's distributed checkpointing."""
     from megatron.core import dist_checkpointing
 
     folder = directory / _MODELS
-    if accelerator.is_main_process:
+    if ctx.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
         (directory / _MANIFEST).write_text(
-            json.dumps({"models": len(accelerator._models), "optimizers": len(accelerator._optimizers)})
+            json.dumps({"models": len(prepared.models), "optimizers": len(prepared.optimizers)})
         )
     dist.barrier()
-    dist_checkpointing.save(_sharded(accelerator, loading=False), str(folder))
+    dist_checkpointing.save(_sharded(prepared, loading=False), str(folder))
     return [_MODELS, _MANIFEST]
 
 
-def load(accelerator: Any, directory: Path, *, strict: bool) -> None:
+def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
     """Restore what `save` wrote, into the same tensor/pipeline layout.
 
     Raises:
@@ -143,15 +146,15 @@ def load(accelerator: Any, directory: Path, *, strict: bool) -> None:
     if not folder.is_dir() or not manifest.is_file():
         raise CheckpointError(f"{directory} holds no megatron-core checkpoint ({_MODELS}/ and {_MANIFEST}).")
     counts = json.loads(manifest.read_text())
-    if counts != {"models": len(accelerator._models), "optimizers": len(accelerator._optimizers)}:
+    if counts != {"models": len(prepared.models), "optimizers": len(prepared.optimizers)}:
         raise CheckpointError(
-            f"{directory} was saved with {counts}, but {len(accelerator._models)} model(s) and "
-            f"{len(accelerator._optimizers)} optimizer(s) are prepared."
+            f"{directory} was saved with {counts}, but {len(prepared.models)} model(s) and "
+            f"{len(prepared.optimizers)} optimizer(s) are prepared."
         )
-    loaded = dist_checkpointing.load(_sharded(accelerator, loading=True), str(folder))
-    for i, model in enumerate(accelerator._models):
+    loaded = dist_checkpointing.load(_sharded(prepared, loading=True), str(folder))
+    for i, model in enumerate(prepared.models):
         inner = model.module if isinstance(model, DistributedDataParallel) else model
         state = {k.removeprefix(f"model{i}."): v for k, v in loaded[f"model{i}"].items()}
         inner.load_state_dict(state, strict=strict)
-    for i, opt in enumerate(accelerator._optimizers):
+    for i, opt in enumerate(prepared.optimizers):
         opt.optimizer.inner.load_state_dict(loaded[f"optimizer{i}"])

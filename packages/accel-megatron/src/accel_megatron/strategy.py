@@ -22,8 +22,9 @@ from .optim import MegatronOptimizer, MegatronScheduler, build_optimizer, build_
 from .plugin import MegatronConfigError, MegatronPlugin
 
 if TYPE_CHECKING:
+    from accel.distributed_type import DistributedType
     from accel.prepare import PrepareContext
-    from accel.state import DistributedType
+    from accel.prepared import Prepared, RunContext
 
 
 class MegatronStrategy(Strategy):
@@ -44,7 +45,7 @@ class MegatronStrategy(Strategy):
         self.models: list[nn.Module] = []
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
-        from accel.state import DistributedType
+        from accel.distributed_type import DistributedType
 
         return DistributedType.MEGATRON_LM
 
@@ -61,9 +62,9 @@ class MegatronStrategy(Strategy):
         assert self.device is not None
         return parallel.on_device(self.device)
 
-    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+    def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         # Parallel state first, whatever the argument order: data loaders need the DP group.
-        self._ensure_initialized(accelerator.device)
+        self._ensure_initialized(ctx.device)
 
     def data_parallel_group(self) -> Any:
         if self.device is None:
@@ -99,7 +100,7 @@ class MegatronStrategy(Strategy):
             return model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         if isinstance(optimizer, MegatronOptimizer):
             return optimizer
         if not self.models:
@@ -109,18 +110,16 @@ class MegatronStrategy(Strategy):
             )
         return build_optimizer(optimizer, self.models, self.plugin, self.redirect)
 
-    def prepare_scheduler(self, scheduler: Any, accelerator: Any) -> Any:
+    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
         """The user's torch scheduler as megatron-core's `OptimizerParamScheduler` (same schedule)."""
         if isinstance(scheduler, MegatronScheduler):
             return scheduler
-        owner = next((o.optimizer for o in accelerator._optimizers if isinstance(o.optimizer, MegatronOptimizer)), None)
+        owner = next((o.optimizer for o in prepared.optimizers if isinstance(o.optimizer, MegatronOptimizer)), None)
         if owner is None:
             raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
         return MegatronScheduler(build_scheduler(scheduler, owner), owner)
 
-    def clip_grad_norm_(
-        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
-    ) -> torch.Tensor | None:
+    def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         raise MegatronConfigError(
             "Under megatron-core the optimizer clips the global gradient norm itself (over every tensor- and "
             "pipeline-parallel shard); set MegatronPlugin(gradient_clipping=...) instead of clip_grad_norm_."
@@ -167,12 +166,12 @@ class MegatronStrategy(Strategy):
         checkpoint.load_full_state_dict(self.unwrap(model), state_dict, strict=strict)
 
     def save_checkpoint_state(
-        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+        self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         with self.redirect():
-            return checkpoint.save(accelerator, directory)
+            return checkpoint.save(prepared, ctx, directory)
 
-    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+    def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         with self.redirect():
-            checkpoint.load(accelerator, directory, strict=strict)
+            checkpoint.load(prepared, directory, strict=strict)
         return True

@@ -1,4 +1,12 @@
-"""The strategy contract: wrap a model for a way of spreading work, and undo it."""
+"""The strategy contract: wrap a model for a way of spreading work, and undo it.
+
+A strategy never sees the Accelerator. Its hooks get what they need as arguments: the
+registry of prepared objects (`accel.prepared.Prepared`), a frozen `RunContext` of the run,
+and for the step just the facts (`sync`: whether this backward closes an accumulation window).
+Order of the prepare walk: `validate_prepare` once per `prepare` call, `wrap_model` for each
+model (through the adapter's `prepare_model`), `prepare_optimizer` for each optimizer,
+`prepare_scheduler` for each scheduler, then `after_prepare` once, then `accumulation_steps`.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import torch
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
+    from ..prepared import Prepared, RunContext
 
 
 class Strategy:
@@ -63,16 +72,25 @@ class Strategy:
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""
 
-    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+    def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         """Refuse combinations this strategy cannot prepare (raise ValueError saying why)."""
 
-    def after_prepare(self, prepared: list[Any], accelerator: Any) -> None:
-        """Runs after every object of one `prepare` call is prepared."""
+    def after_prepare(self, objects: list[Any], prepared: Prepared, ctx: RunContext) -> None:
+        """Runs after every object of one `prepare` call is prepared (`objects`, in the caller's order).
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+        An engine that wraps a prepared model replaces it in `prepared` (`Prepared.replace_model`).
+        """
+
+    def accumulation_steps(self) -> int | None:
+        """Gradient accumulation steps the strategy's engine fixed (read after `after_prepare`); None: the
+        user's setting stands."""
+        return None
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
+        """Return the optimizer to train with (a new one is fine: schedulers follow it)."""
         return optimizer
 
-    def prepare_scheduler(self, scheduler: Any, accelerator: Any) -> Any:
+    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
         """Hook for schedulers the strategy's engine steps itself. Default: unchanged."""
         return scheduler
 
@@ -81,13 +99,11 @@ class Strategy:
         accumulation window (gradients must be synchronised now). For strategies that reduce
         gradients themselves instead of through a wrapper's hooks; the default does nothing."""
 
-    def backward(self, loss: torch.Tensor, accelerator: Any, **kwargs: Any) -> bool:
+    def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """Run backward through the strategy's engine; return False to let the adapter do it."""
         return False
 
-    def clip_grad_norm_(
-        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
-    ) -> torch.Tensor | None:
+    def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         """Clip gradients the strategy's way; None lets the adapter do it."""
         return None
 
@@ -105,7 +121,7 @@ class Strategy:
         self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
     def save_checkpoint_state(
-        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+        self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         """Write the prepared models and optimizers into `directory` the strategy's way.
 
@@ -115,6 +131,6 @@ class Strategy:
         """
         return None
 
-    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+    def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         """Restore what `save_checkpoint_state` wrote; False lets `accel.checkpoint` load its defaults."""
         return False

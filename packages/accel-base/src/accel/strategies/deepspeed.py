@@ -35,6 +35,7 @@ from .deepspeed_config import (
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
+    from ..prepared import Prepared, RunContext
 
 __all__ = ["DeepSpeedConfigError", "DeepSpeedPlugin", "DeepSpeedStrategy", "DummyOptim", "DummyScheduler"]
 
@@ -151,6 +152,7 @@ class DeepSpeedStrategy(Strategy):
         self.plugin: DeepSpeedPlugin = config
         self.engine: Any = None
         self.ds_config: dict[str, Any] | None = None
+        self._accumulation_steps: int | None = None
         self._device_type = "cpu"
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
@@ -162,7 +164,7 @@ class DeepSpeedStrategy(Strategy):
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         raise ValueError(DEVICE_PLACEMENT)
 
-    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+    def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         models = [o for o in objects if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)]
         if len(models) + (self.engine is not None) > 1:
             raise ValueError(MULTIPLE_MODELS)
@@ -178,24 +180,24 @@ class DeepSpeedStrategy(Strategy):
         self._device_type = ctx.device.type
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         return DeepSpeedOptimizerWrapper(optimizer)
 
-    def prepare_scheduler(self, scheduler: Any, accelerator: Any) -> Any:
+    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
         return DeepSpeedSchedulerWrapper(scheduler)
 
-    def after_prepare(self, prepared: list[Any], accelerator: Any) -> None:
+    def after_prepare(self, objects: list[Any], prepared: Prepared, ctx: RunContext) -> None:
         model_index = next(
-            (i for i, o in enumerate(prepared) if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)), None
+            (i for i, o in enumerate(objects) if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)), None
         )
         if model_index is None:
             return
-        model = prepared[model_index]
+        model = objects[model_index]
         opt_wrappers = [
-            o.optimizer for o in prepared if isinstance(getattr(o, "optimizer", None), DeepSpeedOptimizerWrapper)
+            o.optimizer for o in objects if isinstance(getattr(o, "optimizer", None), DeepSpeedOptimizerWrapper)
         ]
         sched_wrappers = [
-            o.scheduler for o in prepared if isinstance(getattr(o, "scheduler", None), DeepSpeedSchedulerWrapper)
+            o.scheduler for o in objects if isinstance(getattr(o, "scheduler", None), DeepSpeedSchedulerWrapper)
         ]
         client_opt = opt_wrappers[0].optimizer if opt_wrappers else None
         client_sched = sched_wrappers[0].scheduler if sched_wrappers else None
@@ -204,21 +206,21 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = config = resolve_config(
             self.plugin,
             AcceleratorValues(
-                micro_batch_size=_micro_batch_size(accelerator),
-                gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
-                num_processes=accelerator.num_processes,
-                mixed_precision=accelerator.mixed_precision,
+                micro_batch_size=_micro_batch_size(prepared, ctx.num_processes),
+                gradient_accumulation_steps=ctx.gradient_accumulation_steps,
+                num_processes=ctx.num_processes,
+                mixed_precision=ctx.mixed_precision,
                 has_client_optimizer=client_opt is not None and dummy_opt is None,
                 dummy_optimizer=dummy_opt,
                 dummy_scheduler=dummy_sched,
             ),
-            adapter_defaults=accelerator.adapter.strategy_defaults(self.name),
+            adapter_defaults=ctx.adapter_defaults,
         )
         scheduler_arg = _scheduler_argument(config, client_sched, dummy_sched)
-        # `accumulate` must reach a boundary exactly when the engine does.
-        accelerator.gradient_accumulation_steps = int(config["gradient_accumulation_steps"])
+        # `accumulate` must reach a boundary exactly when the engine does (`accumulation_steps`).
+        self._accumulation_steps = int(config["gradient_accumulation_steps"])
 
-        deepspeed = self._init_distributed(accelerator)
+        deepspeed = self._init_distributed(ctx.adapter.backend)
         engine, engine_opt, _, engine_sched = deepspeed.initialize(
             model=model,
             optimizer=None if dummy_opt is not None else client_opt,
@@ -228,22 +230,26 @@ class DeepSpeedStrategy(Strategy):
             dist_init_required=False,
         )
         self.engine = engine
-        prepared[model_index] = engine
-        accelerator._models[accelerator._models.index(model)] = engine
+        objects[model_index] = engine
+        prepared.replace_model(model, engine)
         if opt_wrappers:
             opt_wrappers[0].optimizer = engine_opt
         if sched_wrappers:
             sched_wrappers[0].scheduler = engine_sched
             sched_wrappers[0].optimizer = engine_opt
 
-    def _init_distributed(self, accelerator: Any) -> Any:
+    def accumulation_steps(self) -> int | None:
+        """The config's `gradient_accumulation_steps` once the engine is built (it wins over the Accelerator's)."""
+        return self._accumulation_steps
+
+    def _init_distributed(self, backend: str) -> Any:
         deepspeed = import_deepspeed(self._device_type)
         if not torch.distributed.is_initialized():
             # One process without a launcher: DeepSpeed still needs a (world-of-one) group.
             for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
                 os.environ.setdefault(key, value)
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            deepspeed.init_distributed(dist_backend=accelerator.adapter.backend, auto_mpi_discovery=False)
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         else:
             # Reuse the Accelerator's group and its backend: DeepSpeed's CPU accelerator would
             # otherwise ask for oneCCL wherever its bindings are installed.
@@ -257,18 +263,16 @@ class DeepSpeedStrategy(Strategy):
         return self.engine is not None and model is self.engine
 
     # ---- the step -----------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, accelerator: Any, **kwargs: Any) -> bool:
+    def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         if self.engine is None:
             return False
-        self.engine.set_gradient_accumulation_boundary(accelerator.sync_gradients)
+        self.engine.set_gradient_accumulation_boundary(sync)
         self.engine.backward(loss, **kwargs)
         # The engine steps (and zeroes) only at the boundary; between, it counts micro-steps.
         self.engine.step()
         return True
 
-    def clip_grad_norm_(
-        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
-    ) -> torch.Tensor | None:
+    def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         if self.engine is None:
             return None
         clipping = float(self.engine.gradient_clipping())
@@ -310,7 +314,7 @@ class DeepSpeedStrategy(Strategy):
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
     def save_checkpoint_state(
-        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+        self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         if self.engine is None:
             return None
@@ -318,7 +322,7 @@ class DeepSpeedStrategy(Strategy):
         self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, save_latest=False)
         return [CHECKPOINT_TAG]
 
-    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+    def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         if self.engine is None:
             return False
         verify_engine_checkpoint(directory / CHECKPOINT_TAG)
@@ -340,7 +344,7 @@ class DeepSpeedStrategy(Strategy):
         if stage != 3:
             raise ValueError(f"zero3_init needs ZeRO stage 3; this DeepSpeedPlugin resolves to stage {stage}.")
         self._device_type = accelerator.device.type
-        deepspeed = self._init_distributed(accelerator)
+        deepspeed = self._init_distributed(accelerator.adapter.backend)
         config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
         if accelerator.mixed_precision in ("bf16", "fp16"):
             config[accelerator.mixed_precision] = {"enabled": True}
@@ -375,12 +379,12 @@ def verify_engine_checkpoint(directory: Path) -> None:
             )
 
 
-def _micro_batch_size(accelerator: Any) -> int | None:
+def _micro_batch_size(prepared: Prepared, num_processes: int) -> int | None:
     """Per-process batch size of the first prepared data loader."""
-    for loader in accelerator._dataloaders:
+    for loader in prepared.dataloaders:
         total = getattr(loader, "total_batch_size", None)
         if total is not None:
-            return int(total) // accelerator.num_processes
+            return int(total) // num_processes
     return None
 
 

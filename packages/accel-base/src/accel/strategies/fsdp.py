@@ -8,6 +8,7 @@ Checkpointing lives in `fsdp_checkpoint.py`.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
     from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
+    from ..prepared import Prepared, RunContext
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
@@ -214,7 +216,9 @@ class FSDP2Strategy(Strategy):
         self._mesh: DeviceMesh | None = None
         # id(old parameter) -> (old, new), so optimizers built on the unsharded model can be
         # re-pointed; the old parameter is held so its id cannot be reused meanwhile.
-        self._replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+        # Old parameter (weakly) -> its shard, kept after `prepare` so that an optimizer prepared in a
+        # later call is re-pointed too.
+        self._replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from ..distributed_type import DistributedType
@@ -222,7 +226,7 @@ class FSDP2Strategy(Strategy):
         return DistributedType.FSDP if use_distributed else DistributedType.NO
 
     # ---- prepare --------------------------------------------------------------------------
-    def validate_prepare(self, objects: tuple[Any, ...], accelerator: Any) -> None:
+    def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         models = sum(isinstance(o, nn.Module) for o in objects)
         optimizers = sum(isinstance(o, torch.optim.Optimizer) for o in objects)
         if bool(models) != bool(optimizers):
@@ -260,13 +264,13 @@ class FSDP2Strategy(Strategy):
         for name, new in model.named_parameters(remove_duplicate=False):
             old = before.get(_canonical(name))
             if old is not None and old is not new:
-                self._replaced[id(old)] = (old, new)
+                self._replaced[id(old)] = (weakref.ref(old), new)
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         if not self._replaced:
             return optimizer
-        touched = [p for g in optimizer.param_groups for p in g["params"] if id(p) in self._replaced]
+        touched = [p for g in optimizer.param_groups for p in g["params"] if self._new_param(p) is not p]
         if touched and optimizer.state:
             raise ValueError(
                 "The optimizer already has state (it has stepped) for parameters that FSDP2 just sharded; that "
@@ -274,11 +278,13 @@ class FSDP2Strategy(Strategy):
                 "its state afterwards with `load_state`."
             )
         for group in optimizer.param_groups:
-            group["params"] = [self._replaced.get(id(p), (p, p))[1] for p in group["params"]]
+            group["params"] = [self._new_param(p) for p in group["params"]]
         return optimizer
 
-    def after_prepare(self, prepared: list[Any], accelerator: Any) -> None:
-        self._replaced.clear()
+    def _new_param(self, param: torch.Tensor) -> torch.Tensor:
+        old_ref, new = self._replaced.get(id(param), (None, param))
+        # The map keeps the old parameter weakly: an id can be reused once it is gone.
+        return new if old_ref is not None and old_ref() is param else param
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         # fully_shard shards in place: the user's module is the prepared one.
@@ -293,9 +299,7 @@ class FSDP2Strategy(Strategy):
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return _no_sync(model) if self.is_wrapped(model) else contextlib.nullcontext()
 
-    def clip_grad_norm_(
-        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float, accelerator: Any
-    ) -> torch.Tensor | None:
+    def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         from torch.distributed.tensor import DTensor
 
         if not any(isinstance(p, DTensor) for p in parameters):
@@ -323,21 +327,22 @@ class FSDP2Strategy(Strategy):
         load_full_model_state_dict(model, state_dict, strict=strict)
 
     def save_checkpoint_state(
-        self, accelerator: Any, directory: Path, *, writer: bool, safe_serialization: bool
+        self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         from .fsdp_checkpoint import save_models_and_optimizers
 
         return save_models_and_optimizers(
-            accelerator,
+            prepared,
+            ctx,
             directory,
             sharded=self.config.state_dict_type == "SHARDED_STATE_DICT",
             safe_serialization=safe_serialization,
         )
 
-    def load_checkpoint_state(self, accelerator: Any, directory: Path, *, strict: bool) -> bool:
+    def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         from .fsdp_checkpoint import load_models_and_optimizers
 
-        load_models_and_optimizers(accelerator, directory, strict=strict)
+        load_models_and_optimizers(prepared, ctx, directory, strict=strict)
         return True
 
 

@@ -18,13 +18,17 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .. import checkpoint as ckpt
+from ..compile import strip_compile
 from ..errors import CheckpointError, UnsafeCheckpointError
+
+if TYPE_CHECKING:
+    from ..prepared import Prepared, RunContext
 
 
 def _options(**kwargs: Any) -> Any:
@@ -75,7 +79,7 @@ def _owner(optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> nn.Modu
 
 
 def save_models_and_optimizers(
-    accelerator: Any, directory: Path, *, sharded: bool, safe_serialization: bool
+    prepared: Prepared, ctx: RunContext, directory: Path, *, sharded: bool, safe_serialization: bool
 ) -> list[str]:
     """Write every prepared model and optimizer into `directory`; returns the names written.
 
@@ -84,23 +88,23 @@ def save_models_and_optimizers(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    writer = accelerator.is_main_process
+    writer = ctx.is_main_process
     files: list[str] = []
-    for i, model in enumerate(accelerator._models):
+    for i, model in enumerate(prepared.models):
         if sharded and _is_fsdp(model):
             name = f"pytorch_model_fsdp_{i}"
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / name))
         else:
             name = _file("model", i, "safetensors" if safe_serialization else "bin")
-            state_dict = accelerator.get_state_dict(model)
+            state_dict = ctx.strategy.full_state_dict(strip_compile(model))
             if writer and safe_serialization:
                 ckpt.save_safetensors(state_dict, directory / name)
             elif writer:
                 ckpt.save_torch({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, directory / name)
         files.append(name)
-    for i, opt in enumerate(accelerator._optimizers):
+    for i, opt in enumerate(prepared.optimizers):
         inner = _inner(opt)
-        owner = _owner(inner, accelerator._models)
+        owner = _owner(inner, prepared.models)
         if owner is not None and sharded:
             name = f"optimizer_{i}"
             dcp.save({"optimizer": get_optimizer_state_dict(owner, inner)}, checkpoint_id=str(directory / name))
@@ -117,7 +121,7 @@ def save_models_and_optimizers(
     return files
 
 
-def load_models_and_optimizers(accelerator: Any, directory: Path, *, strict: bool) -> None:
+def load_models_and_optimizers(prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> None:
     """Restore what `save_models_and_optimizers` wrote (full or sharded, whichever is on disk).
 
     Raises:
@@ -131,7 +135,7 @@ def load_models_and_optimizers(accelerator: Any, directory: Path, *, strict: boo
         set_optimizer_state_dict,
     )
 
-    for i, model in enumerate(accelerator._models):
+    for i, model in enumerate(prepared.models):
         folder = directory / f"pytorch_model_fsdp_{i}"
         if folder.is_dir() and _is_fsdp(model):
             model_target: dict[str, Any] = {"model": get_model_state_dict(model)}
@@ -142,10 +146,10 @@ def load_models_and_optimizers(accelerator: Any, directory: Path, *, strict: boo
         state_dict = (
             ckpt.load_safetensors(path) if path.is_file() else ckpt.load_torch(directory / _file("model", i, "bin"))
         )
-        accelerator._load_model_state_dict(model, state_dict, strict=strict)
-    for i, opt in enumerate(accelerator._optimizers):
+        ctx.strategy.load_full_state_dict(strip_compile(model), state_dict, strict=strict)
+    for i, opt in enumerate(prepared.optimizers):
         inner = _inner(opt)
-        owner = _owner(inner, accelerator._models)
+        owner = _owner(inner, prepared.models)
         folder = directory / f"optimizer_{i}"
         if owner is not None and folder.is_dir():
             optim_target: dict[str, Any] = {"optimizer": get_optimizer_state_dict(owner, inner)}
