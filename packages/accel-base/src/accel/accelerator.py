@@ -69,9 +69,9 @@ class Accelerator(AcceleratorCompatMixin):
         cpu: force the built-in cpu adapter.
         adapter: name of the hardware adapter (default: `ACCEL_ADAPTER`, else the best
             available one).
-        adapter_options: the adapter's own options by field name, e.g. Gaudi's
-            `{"distribution_strategy": "fast_ddp", "use_regional_compilation": True}`; they win
-            over its launch flags and environment variables. Unknown names are refused.
+        adapter_options: the adapter's own options by field name (see the adapter package's
+            README, e.g. `{"use_regional_compilation": True}`); they win over its launch flags
+            and environment variables. Unknown names are refused.
         emulate: run the adapter's code on the CPU with gloo (default `ACCEL_EMULATE`).
         strategy: "ddp" (default), "fsdp2", "deepspeed", or another registered strategy.
         dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin:
