@@ -884,6 +884,7 @@ class Accelerator(AcceleratorCompatMixin):
             CheckpointError: no checkpoint, an incomplete one, or a damaged or unsafe file.
         """
         cfg = self.project_configuration
+        number: int | None
         if input_dir is None:
             if not cfg.automatic_checkpoint_naming or cfg.project_dir is None:
                 raise ValueError(

@@ -111,7 +111,7 @@ def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
     def write(tmp: Path) -> str:
         with open(tmp, "wb") as f:
             writer = _HashingWriter(f)
-            torch.save(obj, writer)
+            torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
         return writer.sha256.hexdigest()
 
     return str(_replace_into(Path(path), write))

@@ -60,7 +60,7 @@ class _DistributedTypeMeta(type):
     def _member(cls, name: str) -> DistributedType:
         member = cls._members.get(name)
         if member is None:
-            member = str.__new__(cls, name)  # type: ignore[call-overload]
+            member = str.__new__(cls, name)  # type: ignore[arg-type,call-overload]
             cls._members[name] = member
         return member
 

@@ -328,10 +328,10 @@ def _share(value: Any, start: int, end: int, width: int | None, device: torch.de
             share = torch.cat([share, last])
         return share
     if isinstance(value, (list, tuple)):
-        share = value[start:end]
-        if width is not None and len(share) < width:
-            share = share + type(share)([value[-1]] * (width - len(share)))
-        return share
+        items = list(value[start:end])
+        if width is not None and len(items) < width:
+            items += [value[-1]] * (width - len(items))
+        return items if isinstance(value, list) else tuple(items)  # as slicing returns them
     if type(value).__module__.split(".")[0] == "datasets" and hasattr(value, "select"):
         # A Hugging Face `datasets.Dataset`, matched by module so that `datasets` is never imported here.
         indices = list(range(min(start, len(value)), min(end, len(value))))
