@@ -128,7 +128,7 @@ def as_dict(samples):
     # A user's collate: a dict batch, to check that nests survive sharding and dispatch.
     return {"x": torch.stack([s[0] for s in samples]), "y": torch.stack([s[1] for s in samples])}
 
-acc = Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=SEED))
+acc = Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=SEED, use_seedable_sampler=True))
 W, r = acc.num_processes, acc.process_index
 B = 4
 checked = 0

@@ -14,6 +14,8 @@ N, BATCH = 23, 4
 
 
 def _loader(**config: Any) -> Any:
+    # These tests are about `data_seed`, which only the seedable sampler reads.
+    config.setdefault("use_seedable_sampler", True)
     AcceleratorState._reset_state()
     GradientState._reset_state()
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(**config))
@@ -109,3 +111,31 @@ def test_skip_first_batches_needs_a_prepared_loader() -> None:
         skip_first_batches(DataLoader(TensorDataset(torch.arange(4))), 1)
     with pytest.raises(ValueError, match="num_batches must be >= 0"):
         skip_first_batches(_loader(), -1)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_default_shuffle_resumes_mid_epoch_exactly_in_one_process(stateful: bool) -> None:
+    """The peer library's shuffle (the loader's RandomSampler drawing from the global generator):
+    a loader restored from a mid-epoch state gives the interrupted epoch's order, although the
+    global generator has moved on, and leaves the global generator where the resumed run expects it."""
+    set_seed(3)
+    dl = _loader(use_seedable_sampler=False, use_stateful_dataloader=stateful)
+    _epoch(dl)
+    seen = []
+    for (b,) in dl:
+        seen.append(b.tolist())
+        if len(seen) == 2:
+            state = dl.state_dict()
+            rng = torch.get_rng_state()
+            break
+    set_seed(3)
+    reference = _loader(use_seedable_sampler=False)
+    orders = [_epoch(reference), _epoch(reference)]
+    assert seen == orders[1][:2]
+    torch.manual_seed(1234)  # the resumed process: its generator is anywhere until load_state restores it
+    fresh = _loader(use_seedable_sampler=False, use_stateful_dataloader=stateful)
+    fresh.load_state_dict(state)
+    torch.set_rng_state(rng)  # what load_state restores
+    resumed = _epoch(fresh if stateful else skip_first_batches(fresh, 2))
+    assert resumed == orders[1][2:], "the interrupted epoch's order, from the saved batch"
+    assert torch.equal(torch.get_rng_state(), rng), "the epoch's start draws did not consume the restored generator"

@@ -191,10 +191,13 @@ class DataLoaderConfiguration:
     even_batches: bool = True
     """Pad the last round with samples from the start so every rank gets the same number of
     batches; `gather_for_metrics` drops exactly those padding samples."""
-    use_seedable_sampler: bool = True
-    """Shuffle with a seeded sampler: same order on every rank, a new one per epoch."""
+    use_seedable_sampler: bool = False
+    """False, the peer library's default: the loader's own `RandomSampler`, given a generator seeded
+    from the global one and copied from rank 0 at every epoch (`rng_types`), so a script and seed
+    shuffle as under the peer library. True: a `SeedableRandomSampler` drawing from `data_seed` plus
+    the epoch, with no collective per epoch. Mid-epoch resume is exact with either."""
     data_seed: int | None = None
-    """Seed of the shuffle. None: drawn from rank 0's torch RNG at prepare time."""
+    """Seed of the seedable sampler. None: rank 0's `torch.initial_seed()` (what `set_seed` set)."""
     non_blocking: bool = False
     """Copy batches to the device asynchronously (with pinned memory)."""
     use_stateful_dataloader: bool = False
