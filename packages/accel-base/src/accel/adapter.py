@@ -153,7 +153,18 @@ class Adapter:
             path = self.emulated_vendor_module if self.emulate else self.vendor_module
             if path is None:
                 raise NotImplementedError(f"adapter {self.name!r} declares no vendor module")
-            self._vendor = importlib.import_module(path)
+            try:
+                self._vendor = importlib.import_module(path)
+            except ImportError as exc:
+                # availability() said yes (or emulation was asked for), yet the vendor stack does
+                # not import: say which adapter and what failed, not a bare ImportError.
+                from .errors import AdapterUnavailableError
+
+                raise AdapterUnavailableError(
+                    f"The {self.name!r} adapter cannot load its vendor module {path!r}: {type(exc).__name__}: {exc}. "
+                    f"Reinstall the adapter's vendor stack (`pip install {type(self).__module__.split('.')[0].replace('_', '-')}` "
+                    "and its requirements), or select another adapter."
+                ) from exc
         return self._vendor
 
     def device_for(self, local_rank: int) -> torch.device:
@@ -168,6 +179,16 @@ class Adapter:
 
     def set_device(self, device: torch.device) -> None:
         """Make `device` current before the process group starts (e.g. a `set_device` call)."""
+
+    def before_process_group(self, device: torch.device) -> None:
+        """Runs once, after `set_device` and right before `init_process_group` (e.g. importing the
+        vendor module that registers the device and its backend with torch). Not run when the user
+        started the process group already."""
+
+    def process_group_options(self, device: torch.device) -> dict[str, Any]:
+        """Extra keyword arguments for `torch.distributed.init_process_group` (e.g. `pg_options` for the
+        backend, `device_id=device` for eager NCCL-style initialisation). Default: none."""
+        return {}
 
     def barrier(self) -> None:
         """Block until every process reaches this point (`wait_for_everyone`). Default: `dist.barrier()`;

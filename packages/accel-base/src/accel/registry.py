@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import logging
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -153,9 +154,29 @@ def select_adapter(requested: str | None = None, *, emulate: bool = False) -> ty
                 )
         return cls
     candidates = [cls for cls in installed_adapters().values() if cls.name != BUILTIN_ADAPTER and availability(cls)]
-    if candidates:
-        return max(candidates, key=lambda c: (c.priority, c.name))
-    return get_adapter_class(BUILTIN_ADAPTER)
+    chosen = max(candidates, key=lambda c: (c.priority, c.name)) if candidates else get_adapter_class(BUILTIN_ADAPTER)
+    _warn_broken(chosen.name)
+    return chosen
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_broken(chosen: str) -> None:
+    """Say once per process that an installed adapter plugin could not load: automatic selection
+    skipped it, which would otherwise look like its hardware being absent."""
+    broken = {name: err for name, err in broken_adapters().items() if name not in _WARNED}
+    if broken:
+        _WARNED.update(broken)
+        listed = "; ".join(f"{name!r}: {err}" for name, err in sorted(broken.items()))
+        # A log record, not a Python warning: one line on stderr (through logging's last-resort
+        # handler when nothing is configured), and no effect on code that turns warnings into errors.
+        logging.getLogger("accel").warning(
+            "accel: installed adapter plugin(s) failed to load and were skipped (%s); using %r. Reinstall or "
+            "uninstall the broken package (`accel env` shows every adapter).",
+            listed,
+            chosen,
+        )
 
 
 def get_strategy_class(name: str) -> type[Any]:

@@ -116,6 +116,8 @@ class PartialState:
             raise DistributedSetupError(
                 f"The launcher asked for {launch.world_size} processes but this torch build has no torch.distributed."
             )
+        self.adapter.before_process_group(self.device)
+        options = self.adapter.process_group_options(self.device)
         try:
             if init_kwargs.init_method:
                 dist.init_process_group(
@@ -124,6 +126,7 @@ class PartialState:
                     rank=launch.rank,
                     world_size=launch.world_size,
                     timeout=self.timeout,
+                    **options,
                 )
             else:
                 dist.init_process_group(
@@ -132,6 +135,7 @@ class PartialState:
                     rank=launch.rank,
                     world_size=launch.world_size,
                     timeout=self.timeout,
+                    **options,
                 )
         except Exception as exc:
             raise DistributedSetupError(
