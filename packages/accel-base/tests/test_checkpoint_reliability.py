@@ -438,3 +438,30 @@ def test_a_save_failing_on_one_rank_fails_on_all_without_a_hang(write_script, tm
         assert f"rank {rank}: loaded" in proc.stdout, proc.stdout
     assert "failed on rank 1: OSError: [Errno 28] No space left on device" in proc.stdout, proc.stdout
     assert not (tmp_path / "ckpt" / STAGING).exists()
+
+
+UNWRITABLE = """
+import sys
+from pathlib import Path
+import torch
+from accel import Accelerator
+from accel.errors import CheckpointError
+
+blocker = Path(sys.argv[1])
+accelerator = Accelerator()
+model = torch.nn.Linear(2, 1)
+model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+try:
+    accelerator.save_state(blocker / "ckpt")  # a directory under a regular file cannot be created
+except CheckpointError as exc:
+    print(f"rank {accelerator.process_index}: {exc}", flush=True)
+"""
+
+
+def test_an_unwritable_target_fails_on_every_rank_with_the_cause(write_script, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file")
+    proc = launch(write_script(UNWRITABLE), str(blocker), timeout=120)
+    assert "rank 0: save_state(" in proc.stdout and "NotADirectoryError" in proc.stdout, proc.stdout
+    assert "rank 1: save_state(" in proc.stdout and "failed on rank 0: NotADirectoryError" in proc.stdout
+    assert blocker.read_text() == "a file"
