@@ -139,11 +139,37 @@ def test_clipping_matches_the_plain_loop() -> None:
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
 
 
-def test_strategies_other_than_ddp_are_refused() -> None:
+def test_strategies_other_than_xla_ddp_and_ddp_are_refused() -> None:
     from accel.errors import StrategyNotSupportedError
 
     with pytest.raises(StrategyNotSupportedError, match=r"The 'xla' adapter does not support the 'fsdp2' strategy"):
         Accelerator(strategy="fsdp2")
+
+
+def test_data_parallelism_is_the_xla_ddp_strategy_by_default() -> None:
+    from accel_xla import XLADataParallelStrategy
+
+    acc = Accelerator()
+    assert type(acc.strategy) is XLADataParallelStrategy and acc.strategy.name == "xla_ddp"
+    # Its torch_xla calls go through the adapter's vendor module, handed over with the strategy's defaults.
+    assert acc.adapter.strategy_defaults("xla_ddp") == {"vendor": acc.adapter.vendor}
+    assert acc.adapter.strategy_defaults("ddp") == {}
+    net = model()
+    net, _ = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert type(net) is torch.nn.Sequential  # no wrapper
+
+
+def test_xla_ddp_refuses_settings_and_other_adapters() -> None:
+    from accel.prepare import PrepareContext
+    from accel_xla import XLADataParallelStrategy
+
+    with pytest.raises(ValueError, match="The xla_ddp strategy takes no settings"):
+        XLADataParallelStrategy({"bucket_cap_mb": 25})
+    strategy = XLADataParallelStrategy()
+    # Another adapter hands over no vendor module (`strategy_defaults`): refused, not silently unaveraged.
+    ctx = PrepareContext(device=torch.device("cpu"), device_placement=False, strategy=strategy, use_distributed=True)
+    with pytest.raises(ValueError, match="runs on the xla adapter only"):
+        strategy.wrap_model(model(), ctx)
 
 
 def test_launch_flags_set_the_pjrt_device() -> None:

@@ -88,6 +88,90 @@ def test_two_emulated_ranks_equal_one_process_on_the_full_batch(
         torch.testing.assert_close(torch.tensor(got), want, rtol=1e-5, atol=1e-6)
 
 
+STRATEGIES_WORKER = """
+import json, sys
+import torch
+from accel import Accelerator
+from accel.state import AcceleratorState, GradientState
+from accel_xla import xla_emulated
+sys.path.insert(0, {tests!r})
+from xla_helpers import cpu_weights, loader, model, train
+
+def flat_grads(net):
+    return torch.cat([p.grad.reshape(-1) for p in net.parameters()]).tolist()
+
+out = {{}}
+acc = Accelerator()
+out["strategy"] = acc.strategy.name
+net = model()
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+net, opt = acc.prepare(net, opt)
+# Different data on each rank, so local and averaged gradients differ.
+x = torch.randn(8, 4, generator=torch.Generator().manual_seed(acc.process_index))
+y = x.sum(dim=1, keepdim=True)
+start = xla_emulated.calls["all_reduce_mean"]
+with acc.no_sync(net):
+    acc.backward(torch.nn.functional.mse_loss(net(x), y))
+inside = xla_emulated.calls["all_reduce_mean"] - start
+out["no_sync_local_grad"] = flat_grads(net)
+acc.backward(torch.nn.functional.mse_loss(net(x), y))
+out["no_sync_all_reduces"] = [inside, xla_emulated.calls["all_reduce_mean"] - start]
+out["no_sync_grad"] = flat_grads(net)
+
+# strategy="ddp", as scripts and config files name it: torch's DDP wrapper averages, the adapter does not again.
+AcceleratorState._reset_state(reset_partial_state=False)
+GradientState._reset_state()
+acc = Accelerator(strategy="ddp")
+net = model()
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+net, opt, dl = acc.prepare(net, opt, loader(n=64, batch_size=8))
+before = dict(xla_emulated.calls)
+train(acc, net, opt, dl, clip=0.3)
+out["ddp"] = {{
+    "strategy": acc.strategy.name,
+    "wrapper": type(net).__name__,
+    "weights": [w.tolist() for w in cpu_weights(acc.unwrap_model(net))],
+    "steps": len(dl),
+    "calls": {{k: v - before.get(k, 0) for k, v in xla_emulated.calls.items() if v != before.get(k, 0)}},
+}}
+json.dump(out, open({out!r} + f"/rank{{acc.process_index}}.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def strategy_results(launch, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("xla_strategies")
+    script = tmp / "worker.py"
+    script.write_text(STRATEGIES_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp)))
+    launch(script)
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_no_sync_suppresses_the_xla_ddp_reduction(strategy_results: list[dict]) -> None:
+    r0, r1 = strategy_results
+    assert [r["strategy"] for r in strategy_results] == ["xla_ddp", "xla_ddp"]  # the adapter's default
+    # Nothing averaged inside no_sync; the next synchronising backward averages what accumulated.
+    assert [r["no_sync_all_reduces"] for r in strategy_results] == [[0, 1], [0, 1]]
+    assert r0["no_sync_local_grad"] != r1["no_sync_local_grad"]
+    assert r0["no_sync_grad"] == r1["no_sync_grad"]
+    # Two local backwards on each rank, averaged once: (2 g0 + 2 g1) / 2.
+    expected = [a + b for a, b in zip(r0["no_sync_local_grad"], r1["no_sync_local_grad"])]
+    assert r0["no_sync_grad"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_ddp_strategy_still_trains_through_torch_ddp(strategy_results: list[dict]) -> None:
+    ddp = strategy_results[0]["ddp"]
+    assert ddp["strategy"] == "ddp"
+    assert ddp["wrapper"] == "DistributedDataParallel"
+    calls = ddp["calls"]
+    # DDP's hooks averaged the gradients: the adapter steps plainly and reduces nothing itself.
+    assert calls["optimizer_step"] == ddp["steps"]
+    assert "all_reduce_mean" not in calls and "reduce_gradients" not in calls
+    assert strategy_results[1]["ddp"]["weights"] == ddp["weights"]
+    for got, want in zip(ddp["weights"], _reference(0.3)):
+        torch.testing.assert_close(torch.tensor(got), want, rtol=1e-5, atol=1e-6)
+
+
 def test_several_processes_on_the_real_cpu_device_are_refused(
     launch: Callable[..., subprocess.CompletedProcess[str]], write_script: Callable[..., Path]
 ) -> None:

@@ -7,11 +7,9 @@ under emulation); the decisions here are the same either way.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import weakref
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -20,10 +18,10 @@ from accel.adapter import Adapter, Availability, Capabilities
 from accel.distributed_type import DistributedType
 from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
-from accel.state import GradientState
 
 from .options import XLALaunchOptions
 from .repoint import ParameterRecord, first_device, optimizer_params, repoint, retie, tied_groups
+from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:
     from accel.prepare import PrepareContext
@@ -40,10 +38,11 @@ class XLAAdapter(Adapter):
     """XLA devices through torch_xla with the `xla` collective backend.
 
     What differs from the torch-native path: placement gives a model new Parameter objects,
-    so optimizers are re-pointed after `prepare`; there is no DDP wrapper (gradients are
-    averaged across replicas by one XLA all-reduce traced into the step, and the graph is
-    cut once per optimizer step with `torch_xla.sync()`); prepared loaders hand out batches
-    through torch_xla's parallel device loader; bf16 only (fp16 is refused).
+    so optimizers are re-pointed after `prepare`; data parallelism is the `xla_ddp` strategy
+    (`accel_xla.xla_ddp`: no DDP wrapper, gradients averaged by one XLA all-reduce traced into
+    the step), the default here; the graph is cut once per optimizer step with
+    `torch_xla.sync()`; prepared loaders hand out batches through torch_xla's parallel device
+    loader; bf16 only (fp16 is refused).
     """
 
     name: ClassVar[str] = "xla"
@@ -55,7 +54,9 @@ class XLAAdapter(Adapter):
         # XLA computes reduced precision in bf16; fp16 would need dynamic loss scaling,
         # which the XLA path does not do.
         precisions=frozenset({"no", "bf16"}),
-        strategies=frozenset({"ddp"}),
+        # "ddp" stays accepted for scripts and config files that name it: torch's DDP wrapper over
+        # the `xla` process group (torch_xla supports it); `xla_ddp` is the native path.
+        strategies=frozenset({"xla_ddp", "ddp"}),
         compile=False,
         multi_process=True,
     )
@@ -75,10 +76,11 @@ class XLAAdapter(Adapter):
         # Weak both ways: an old CPU parameter no optimizer holds any more must be freed (it is a
         # full host copy of the weights), and a dead entry must not match a reused id.
         self._moved: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        self._no_sync_depth = 0
-        self._gradients_reduced = False
+        # Every optimizer prepared (re-pointed after each `prepare`), with the xla_ddp strategy
+        # of its Accelerator (None under "ddp"): that strategy knows whether its step must average.
+        self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, XLADataParallelStrategy | None] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ---- discovery and device -------------------------------------------------------------
     @classmethod
@@ -167,7 +169,8 @@ class XLAAdapter(Adapter):
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
-        self._optimizers.add(optimizer)
+        strategy = ctx.strategy if isinstance(ctx.strategy, XLADataParallelStrategy) else None
+        self._optimizers[optimizer] = strategy
         return optimizer
 
     def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
@@ -183,18 +186,8 @@ class XLAAdapter(Adapter):
             else:
                 live[key] = (old_param, new_param)
         if live:
-            for optimizer in list(self._optimizers):
+            for optimizer in list(self._optimizers.keys()):
                 repoint(optimizer, live)
-
-    def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """No DDP wrapper: replicas start from rank 0's weights; the adapter averages gradients itself.
-
-        Other strategies are refused when the Accelerator is built (`Capabilities.strategies`).
-        """
-        if ctx.use_distributed:
-            self.vendor.broadcast_master_params(model)
-        self._models.add(model)
-        return model
 
     def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
         # Batches reach the device through torch_xla's parallel loader (prefetched by a
@@ -202,49 +195,28 @@ class XLAAdapter(Adapter):
         return {"batch_transfer": self.vendor.device_loader} if ctx.device_placement else {}
 
     # ---- the step -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        self._no_sync_depth += 1
-        try:
-            yield
-        finally:
-            self._no_sync_depth -= 1
-
-    def after_backward(self) -> None:
-        """Average the prepared models' gradients across replicas after the backward that closes
-        an accumulation window (not inside `no_sync`), so `.grad` reads as under DDP on every
-        adapter. On XLA the all-reduce is traced into the step's graph: it costs what
-        `xm.optimizer_step`'s own reduction costs, and the step then does not reduce again."""
-        if self._no_sync_depth or not GradientState().sync_gradients:
-            return
-        self._reduce(p for model in self._models for p in model.parameters())
-
-    def _reduce(self, params: Iterable[torch.Tensor]) -> None:
-        grads = {id(p): p.grad for p in params if p.grad is not None}
-        self.vendor.all_reduce_mean(list(grads.values()))
-        self._gradients_reduced = True
-
-    def clip_grad_norm_(
-        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip by the norm of the replica-averaged gradients (averaged here if backward did not)."""
-        params = list(parameters)
-        if GradientState().sync_gradients and not self._gradients_reduced:
-            self._reduce(params)
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
-
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-        """`xm.optimizer_step` (average, then step) unless the gradients were averaged already
-        (after `accelerator.backward`, or before clipping)."""
-        reduced, self._gradients_reduced = self._gradients_reduced, False
-        if reduced:
-            return self.vendor.step_only(optimizer, closure)
-        return self.vendor.optimizer_step(optimizer, closure)
+        """`xm.optimizer_step` (average, then step) when the optimizer's xla_ddp strategy has not
+        averaged this step's gradients (a bare `loss.backward()`); else a plain step (averaged after
+        backward or before clipping, or by DDP's hooks under "ddp")."""
+        strategy = self._optimizers.get(optimizer)
+        if strategy is not None and strategy.step_needs_reduction():
+            return self.vendor.optimizer_step(optimizer, closure)
+        return self.vendor.step_only(optimizer, closure)
 
     def after_optimizer_step(self) -> None:
         # The one graph cut of the step: forward, backward and update run as one graph,
         # compiled once for a fixed-shape loop.
         self.vendor.sync()
+
+    # ---- strategies -----------------------------------------------------------------------
+    def default_strategy(self) -> str:
+        """`xla_ddp`: data parallelism the XLA way, no DDP wrapper."""
+        return XLADataParallelStrategy.name
+
+    def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
+        """xla_ddp reaches torch_xla through this adapter's vendor module (its CPU stand-in under emulation)."""
+        return {"vendor": self.vendor} if strategy_name == XLADataParallelStrategy.name else {}
 
     # ---- launch ---------------------------------------------------------------------------
     @classmethod

@@ -84,6 +84,9 @@ class AdapterConformanceSuite:
     """Seconds the whole multi-process run may take."""
     collective_timeout: ClassVar[float] = 180.0
     """Seconds a collective may wait: a check that leaves one rank behind fails instead of hanging."""
+    data_parallel_strategy: ClassVar[str] = "ddp"
+    """The strategy the kit's `ddp` checks (training, clipping, resume, save_model) run with: an adapter
+    whose data parallelism is a strategy of its own package names it here (accel-xla: `xla_ddp`)."""
 
     # ---- the run ---------------------------------------------------------------------------
     @classmethod
@@ -107,7 +110,7 @@ class AdapterConformanceSuite:
     @classmethod
     def planned_checks(cls, caps: Capabilities) -> list[str]:
         """The checks that apply to an adapter with `caps`, in the order they run."""
-        strategies = [s for s in STRATEGIES if s in caps.strategies]
+        strategies = [cls._strategy_run(s) for s in STRATEGIES if cls._strategy_run(s) in caps.strategies]
         half = [p for p in ("bf16", "fp16", "fp8") if p in caps.precisions]
         names = ["process_state", "sharding", "collectives", "accumulation", "no_sync", "errors"]
         names += [
@@ -140,10 +143,18 @@ class AdapterConformanceSuite:
         output = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
         return KitRun(world=world, capabilities=caps, out=out, results=results, launch_output=output)
 
-    @staticmethod
-    def _require_strategy(kit: KitRun, strategy: str) -> None:
-        if strategy not in kit.capabilities.strategies:
-            pytest.skip(f"the adapter does not claim the {strategy!r} strategy (Capabilities.strategies)")
+    @classmethod
+    def _strategy_run(cls, strategy: str) -> str:
+        """The strategy the kit's `strategy` checks run with (`data_parallel_strategy` for `ddp`)."""
+        return cls.data_parallel_strategy if strategy == "ddp" else strategy
+
+    @classmethod
+    def _require_strategy(cls, kit: KitRun, strategy: str) -> str:
+        """The strategy the checks ran with; skips the test when the adapter does not claim it."""
+        name = cls._strategy_run(strategy)
+        if name not in kit.capabilities.strategies:
+            pytest.skip(f"the adapter does not claim the {name!r} strategy (Capabilities.strategies)")
+        return name
 
     # ---- process state and data --------------------------------------------------------------
     def test_process_state(self, kit: KitRun) -> None:
@@ -178,8 +189,7 @@ class AdapterConformanceSuite:
     # ---- training ------------------------------------------------------------------------------
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_training_equals_single_process(self, kit: KitRun, strategy: str) -> None:
-        self._require_strategy(kit, strategy)
-        ranks = kit.get(f"training:{strategy}")
+        ranks = kit.get(f"training:{self._require_strategy(kit, strategy)}")
         reference = problems.reference_sgd(TRAIN_STEPS, kit.world)
         for r in ranks:
             _close(problems.as_tensor(r["params"]), reference)
@@ -203,11 +213,11 @@ class AdapterConformanceSuite:
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_clip_grad_norm_matches_direct_computation(self, kit: KitRun, strategy: str) -> None:
-        self._require_strategy(kit, strategy)
+        name = self._require_strategy(kit, strategy)
         grad = problems.global_grad(kit.world)
         norm = grad.norm()
         expected = grad * min(1.0, CLIP_NORM / (float(norm) + 1e-6))
-        for r in kit.get(f"clip_grad_norm:{strategy}"):
+        for r in kit.get(f"clip_grad_norm:{name}"):
             _close(torch.tensor(r["norm"]), norm)
             _close(problems.as_tensor(r["clipped"]), expected)
 
@@ -276,15 +286,13 @@ class AdapterConformanceSuite:
     # ---- checkpoints and models ------------------------------------------------------------------------
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_save_state_load_state_resume_exactly(self, kit: KitRun, strategy: str) -> None:
-        self._require_strategy(kit, strategy)
-        for r in kit.get(f"resume:{strategy}"):
+        for r in kit.get(f"resume:{self._require_strategy(kit, strategy)}"):
             assert r["losses_resumed"] == r["losses_uninterrupted"]
             assert r["bitwise_equal"], f"resumed weights differ by up to {r['max_abs_diff']}"
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_save_model_loads_into_a_plain_module(self, kit: KitRun, strategy: str) -> None:
-        self._require_strategy(kit, strategy)
-        ranks = kit.get(f"save_model:{strategy}")
+        ranks = kit.get(f"save_model:{self._require_strategy(kit, strategy)}")
         directory = Path(ranks[0]["directory"])
         for folder in (directory, directory.with_name(directory.name + "-sharded")):
             plain = problems.build_model(seed=123)
