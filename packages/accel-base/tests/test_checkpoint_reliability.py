@@ -91,7 +91,9 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["opt"].keys() == b["opt"].keys()
     for k in a["opt"]:
         assert torch.equal(a["opt"][k], b["opt"][k]), k
-    assert a["sched"] == b["sched"] and a["loader"] == b["loader"] and a["box"] == b["box"]
+    # The loader's position; its saved generator states depend on the RNG a fresh setup drew.
+    position = [{k: v for k, v in x["loader"].items() if k != "epoch_rng"} for x in (a, b)]
+    assert a["sched"] == b["sched"] and position[0] == position[1] and a["box"] == b["box"]
     assert torch.equal(a["rng"], b["rng"])
 
 

@@ -139,7 +139,7 @@ def test_clipping_matches_the_plain_loop() -> None:
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
 
 
-def test_strategies_other_than_xla_ddp_and_ddp_are_refused() -> None:
+def test_strategies_other_than_xla_ddp_are_refused_and_ddp_means_xla_ddp() -> None:
     from accel.errors import StrategyNotSupportedError
 
     with pytest.raises(StrategyNotSupportedError, match=r"The 'xla' adapter does not support the 'fsdp2' strategy"):

@@ -264,6 +264,7 @@ class Accelerator(AcceleratorCompatMixin):
             mixed_precision=self.mixed_precision,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             save_on_each_node=self.project_configuration.save_on_each_node,
+            split_batches=self.split_batches,
             adapter=self.adapter,
             strategy=self.strategy,
             adapter_defaults=self._adapter_defaults,
@@ -434,7 +435,6 @@ class Accelerator(AcceleratorCompatMixin):
         else:
             self.strategy.validate_device_placement(device_placement)
         self.strategy.validate_prepare(args, self._run())
-        _warn_detached_optimizers(args, self._models)
         objects = list(args)
         self.adapter.before_prepare(objects, self._context(self.device_placement))
         # Models and data loaders first: optimizers must see the placed parameters, and
@@ -449,6 +449,12 @@ class Accelerator(AcceleratorCompatMixin):
         steps = self.strategy.accumulation_steps()
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
             self.gradient_accumulation_steps = steps
+        # Checked once everything is placed and re-pointed (an adapter that moves parameters, FSDP2's
+        # shards), on the optimizers this call wrapped as they were given.
+        _warn_detached_optimizers(
+            [res.optimizer for obj, res in zip(args, result) if getattr(res, "optimizer", None) is obj],
+            self._models,
+        )
         for obj in result:
             with contextlib.suppress(AttributeError, TypeError):
                 obj._is_accel_prepared = True
@@ -955,14 +961,13 @@ def _is_map_style(loader: Any) -> bool:
     return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
 
 
-def _warn_detached_optimizers(objects: tuple[Any, ...], prepared_models: list[torch.nn.Module]) -> None:
+def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
     """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
-    models = [obj for obj in objects if isinstance(obj, torch.nn.Module)] + prepared_models
-    if not models:
+    if not prepared_models:
         return
-    owned = {id(p) for model in models for p in model.parameters()}
-    for obj in objects:
-        if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_is_accel_prepared", False):
+    owned = {id(p) for model in prepared_models for p in model.parameters()}
+    for obj in optimizers:
+        if not isinstance(obj, torch.optim.Optimizer):
             continue
         params = [p for group in obj.param_groups for p in group["params"]]
         if params and not any(id(p) in owned for p in params):

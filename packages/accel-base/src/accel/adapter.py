@@ -187,7 +187,7 @@ class Adapter:
 
     def process_group_options(self, device: torch.device) -> dict[str, Any]:
         """Extra keyword arguments for `torch.distributed.init_process_group` (e.g. `pg_options` for the
-        backend, `device_id=device` for eager NCCL-style initialisation). Default: none."""
+        backend, `device_id=device` for eager initialisation). Default: none."""
         return {}
 
     def barrier(self) -> None:
@@ -364,6 +364,10 @@ class Adapter:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # ---- strategies -----------------------------------------------------------------------
+    strategy_aliases: ClassVar[Mapping[str, str]] = {}
+    """Strategy names this adapter implements its own way, e.g. `{"ddp": "<device>_ddp"}`: a
+    script or config file that asks for "ddp" gets the hardware's data parallelism."""
+
     def default_strategy(self) -> str:
         """The strategy used when the user names none (`Accelerator(strategy=...)`, `ACCEL_STRATEGY`);
         it must be one of `capabilities.strategies`."""

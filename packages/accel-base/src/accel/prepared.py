@@ -66,6 +66,8 @@ class RunContext:
     gradient_accumulation_steps: int
     save_on_each_node: bool
     """Whether the local main process of every node writes checkpoints (not only rank 0)."""
+    split_batches: bool = False
+    """Whether each batch of a prepared loader is split over the processes."""
     adapter: Adapter
     strategy: Strategy
     adapter_defaults: dict[str, Any] = field(default_factory=dict)

@@ -13,11 +13,13 @@ from accel import Accelerator, DistributedType
 from accel.registry import get_strategy_class
 from accel.strategies.deepspeed import DEVICE_PLACEMENT, MULTIPLE_MODELS, DeepSpeedStrategy
 from accel.strategies.deepspeed_config import (
+    HIDDEN_SIZE_KEYS,
     AcceleratorValues,
     DeepSpeedConfigError,
     DeepSpeedPlugin,
     DummyOptim,
     DummyScheduler,
+    model_hidden_size,
     resolve_config,
 )
 
@@ -37,13 +39,13 @@ def test_registered_in_the_strategies_group():
     assert get_strategy_class("deepspeed") is DeepSpeedStrategy
 
 
-def test_defaults_fill_everything_and_turn_deepspeeds_clipping_off():
+def test_defaults_fill_everything_and_clip_at_one_as_accelerate_does():
     config = resolve_config(DeepSpeedPlugin(), values())
     assert config["train_micro_batch_size_per_gpu"] == 4
     assert config["gradient_accumulation_steps"] == 1
     assert config["train_batch_size"] == 8
-    # DeepSpeed would clip at 1.0 if the key were absent.
-    assert config["gradient_clipping"] == 0.0
+    # Accelerate fills 1.0 when nobody sets it (DeepSpeed's own default, 0, would not clip).
+    assert config["gradient_clipping"] == 1.0
     assert config["zero_optimization"]["stage"] == 2
     assert config["zero_allow_untested_optimizer"] is True
     assert "bf16" not in config and "fp16" not in config
@@ -165,9 +167,39 @@ def test_batch_size_needs_a_loader_or_a_config_value():
 
 
 def test_unfillable_auto_is_named():
-    user = {"zero_optimization": {"reduce_bucket_size": "auto"}}
-    with pytest.raises(DeepSpeedConfigError, match=r"\['zero_optimization.reduce_bucket_size'\] are \"auto\""):
-        resolve_config(DeepSpeedPlugin(hf_ds_config=user), values())
+    user = {"zero_optimization": {"reduce_bucket_size": "auto"}, "steps_per_print": "auto"}
+    with pytest.raises(DeepSpeedConfigError, match=r"\['steps_per_print'\] are \"auto\""):
+        resolve_config(DeepSpeedPlugin(hf_ds_config=user), values(hidden_size=8))
+
+
+def test_hidden_size_auto_keys_are_filled_from_the_model_as_accelerate_does():
+    zero = {"stage": 3, **dict.fromkeys(HIDDEN_SIZE_KEYS, "auto")}
+    config = resolve_config(DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero}), values(hidden_size=64))
+    got = {k: config["zero_optimization"][k] for k in HIDDEN_SIZE_KEYS}
+    assert got == {
+        "reduce_bucket_size": 64 * 64,
+        "stage3_prefetch_bucket_size": int(0.9 * 64 * 64),
+        "stage3_param_persistence_threshold": 640,
+    }
+    with pytest.raises(
+        DeepSpeedConfigError,
+        match=r"Can find neither `model.config.hidden_size` nor .*"
+        r"\['zero_optimization.reduce_bucket_size', 'zero_optimization.stage3_prefetch_bucket_size'",
+    ):
+        resolve_config(DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero}), values())
+
+
+def test_model_hidden_size_reads_hidden_size_or_the_largest_hidden_sizes():
+    class Config:
+        hidden_sizes = (16, 48, 32)
+
+    class Model(torch.nn.Module):
+        config = Config()
+
+    assert model_hidden_size(Model()) == 48
+    Config.hidden_size = 24  # type: ignore[attr-defined]
+    assert model_hidden_size(Model()) == 24
+    assert model_hidden_size(torch.nn.Linear(2, 2)) is None
 
 
 def test_optimizer_and_scheduler_stand_ins():

@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,7 +57,7 @@ class XLAAdapter(Adapter):
         precisions=frozenset({"no", "bf16"}),
         # "ddp" stays accepted for scripts and config files that name it: torch's DDP wrapper over
         # the `xla` process group (torch_xla supports it); `xla_ddp` is the native path.
-        strategies=frozenset({"xla_ddp", "ddp"}),
+        strategies=frozenset({"xla_ddp"}),
         compile=False,
         multi_process=True,
     )
@@ -210,6 +211,9 @@ class XLAAdapter(Adapter):
         self.vendor.sync()
 
     # ---- strategies -----------------------------------------------------------------------
+    # Scripts and config files say "ddp": on XLA that is xla_ddp, not torch's DDP wrapper.
+    strategy_aliases: ClassVar[Mapping[str, str]] = {"ddp": "xla_ddp"}
+
     def default_strategy(self) -> str:
         """`xla_ddp`: data parallelism the XLA way, no DDP wrapper."""
         return XLADataParallelStrategy.name

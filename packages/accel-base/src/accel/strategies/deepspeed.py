@@ -15,6 +15,7 @@ even where DeepSpeed would prefer oneCCL).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,6 +30,7 @@ from .deepspeed_config import (
     DeepSpeedPlugin,
     DummyOptim,
     DummyScheduler,
+    model_hidden_size,
     resolve_config,
 )
 
@@ -153,6 +155,7 @@ class DeepSpeedStrategy(Strategy):
         self.engine: Any = None
         self.ds_config: dict[str, Any] | None = None
         self._accumulation_steps: int | None = None
+        self._warned_clipping = False
         self._device_type = "cpu"
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
@@ -213,6 +216,8 @@ class DeepSpeedStrategy(Strategy):
                 has_client_optimizer=client_opt is not None and dummy_opt is None,
                 dummy_optimizer=dummy_opt,
                 dummy_scheduler=dummy_sched,
+                hidden_size=model_hidden_size(model),
+                split_batches=ctx.split_batches,
             ),
             adapter_defaults=ctx.adapter_defaults,
         )
@@ -276,11 +281,16 @@ class DeepSpeedStrategy(Strategy):
         if self.engine is None:
             return None
         clipping = float(self.engine.gradient_clipping())
-        if float(max_norm) != clipping:
-            raise DeepSpeedConfigError(
-                f"clip_grad_norm_(max_norm={max_norm}) but the DeepSpeed engine clips at gradient_clipping="
-                f"{clipping} (0 = off) inside its step, which already ran in `backward`. Set "
-                f"DeepSpeedPlugin(gradient_clipping={max_norm}) or the config's `gradient_clipping` to {max_norm}."
+        if float(max_norm) != clipping and not self._warned_clipping:
+            # Accelerate returns the engine's norm whatever max_norm is; say once that it did not clip.
+            self._warned_clipping = True
+            logging.getLogger("accel").warning(
+                "clip_grad_norm_(max_norm=%s) under DeepSpeed: the engine clips at gradient_clipping=%s (0 = off) "
+                "inside its step, which already ran in `backward`; max_norm is not applied. Set "
+                "DeepSpeedPlugin(gradient_clipping=%s) or the config's `gradient_clipping` to clip there.",
+                max_norm,
+                clipping,
+                max_norm,
             )
         norm = self.engine.get_global_grad_norm()
         return torch.as_tensor(float("nan") if norm is None else float(norm))

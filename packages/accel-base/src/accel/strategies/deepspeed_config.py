@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,11 @@ class AcceleratorValues:
     has_client_optimizer: bool
     dummy_optimizer: DummyOptim | None = None
     dummy_scheduler: DummyScheduler | None = None
+    hidden_size: int | None = None
+    """The model's `config.hidden_size` (or the largest of `config.hidden_sizes`), for the "auto" keys
+    sized by it; None when the model has no such config."""
+    split_batches: bool = False
+    """Whether batches are split over processes (then a DummyScheduler's total steps are not divided)."""
 
 
 def _conflict(key: str, config_value: Any, source: str, value: Any) -> DeepSpeedConfigError:
@@ -226,12 +232,12 @@ def resolve_config(
     total = int(config["train_micro_batch_size_per_gpu"]) * gas * values.num_processes
     _settle(config, "train_batch_size", "train_batch_size", total, "micro batch x accumulation x processes")
 
-    # DeepSpeed clips at 1.0 when the key is absent: absent here means "no clipping", unless
-    # the adapter's users expect another default.
-    clip_default = _default(defaults, "gradient_clipping", 0.0)
+    # Accelerate fills 1.0 when nobody set it (DeepSpeed's own default would be 0: off).
+    clip_default = _default(defaults, "gradient_clipping", 1.0)
     _settle(config, "gradient_clipping", "gradient_clipping", plugin.gradient_clipping, "DeepSpeedPlugin", clip_default)
     _resolve_precision(config, values.mixed_precision)
     _resolve_zero(config, plugin, defaults)
+    _resolve_hidden_size_keys(config, values.hidden_size)
     _resolve_optimizer(config, values)
     _fill_defaults(config, defaults)
     for key, value in plugin.extra_config.items():
@@ -285,6 +291,40 @@ def _resolve_zero(config: dict[str, Any], plugin: DeepSpeedPlugin, defaults: dic
     )
 
 
+HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+def _resolve_hidden_size_keys(config: dict[str, Any], hidden_size: int | None) -> None:
+    """Fill "auto" bucket sizes from the model's hidden size, with Accelerate's formulas."""
+    zero = config.get("zero_optimization", {})
+    wanted = [key for key in HIDDEN_SIZE_KEYS if zero.get(key) == AUTO]
+    if not wanted:
+        return
+    if hidden_size is None:
+        names = [f"zero_optimization.{key}" for key in wanted]
+        raise DeepSpeedConfigError(
+            "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, therefore it's not possible "
+            f"to automatically fill out the following `auto` entries in the DeepSpeed config file: {names}. You can "
+            "fix that by replacing `auto` values for these keys with an integer value of your choice."
+        )
+    sizes = {
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+    for key in wanted:
+        zero[key] = sizes[key]
+
+
+def model_hidden_size(model: Any) -> int | None:
+    """`model.config.hidden_size`, else the largest of `model.config.hidden_sizes`, else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "hidden_size", None) is not None:
+        return int(config.hidden_size)
+    sizes = getattr(config, "hidden_sizes", None)
+    return int(max(sizes)) if sizes else None
+
+
 def _resolve_optimizer(config: dict[str, Any], values: AcceleratorValues) -> None:
     if "optimizer" in config and values.has_client_optimizer:
         raise DeepSpeedConfigError(
@@ -307,9 +347,14 @@ def _resolve_optimizer(config: dict[str, Any], values: AcceleratorValues) -> Non
     sched = values.dummy_scheduler
     if sched is not None and "scheduler" in config:
         params = config["scheduler"].setdefault("params", {})
+        total = sched.total_num_steps
+        if total is not None and not values.split_batches:
+            # Each process steps the schedule once per its own batches (Accelerate's rule).
+            total = math.ceil(total / values.num_processes)
         fill: dict[str, Any] = {
-            "warmup_num_steps": sched.warmup_num_steps,
-            "total_num_steps": sched.total_num_steps,
+            "warmup_min_lr": 0,
+            "warmup_num_steps": max(1, sched.warmup_num_steps),
+            "total_num_steps": total,
             "warmup_max_lr": dummy.lr if dummy is not None else None,
         }
         for key, value in fill.items():

@@ -86,7 +86,7 @@ class AdapterConformanceSuite:
     """Seconds a collective may wait: a check that leaves one rank behind fails instead of hanging."""
     data_parallel_strategy: ClassVar[str] = "ddp"
     """The strategy the kit's `ddp` checks (training, clipping, resume, save_model) run with: an adapter
-    whose data parallelism is a strategy of its own package names it here (accel-xla: `xla_ddp`)."""
+    whose data parallelism is a strategy of its own package names it here (a data-parallel strategy of the adapter's package)."""
 
     # ---- the run ---------------------------------------------------------------------------
     @classmethod
