@@ -9,9 +9,10 @@ WORKER = """
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
-from accel import Accelerator
+from accel import Accelerator, set_seed
 
 acc = Accelerator()
+set_seed(0)  # the default sampler's generator starts from the global RNG, as in Accelerate
 rank = acc.process_index
 # Each process alone is one data-parallel replica (as under tensor parallelism over 2 ranks):
 # every group must be created on every rank, in the same order.
