@@ -21,17 +21,19 @@ def run_launch(
     env: dict[str, str] | None = None,
     timeout: float = 300,
     check: bool = True,
+    keep_accel_env: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run `script *args` through `accel launch --num-processes nproc *launch_args` and return the finished process.
 
     The workers get this environment without its `ACCEL_*` variables (a test's options come
-    only from what it passes), unbuffered output, one thread each, and `env` on top. With
+    only from what it passes; `keep_accel_env` keeps them), unbuffered output, one thread each,
+    and `env` on top. With
     `check`, a non-zero exit fails the calling test and shows the workers' output.
     """
     import pytest
 
     cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(nproc), *launch_args, str(script), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    clean = {k: v for k, v in os.environ.items() if keep_accel_env or not k.startswith("ACCEL_")}
     full_env = {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
     if check and proc.returncode != 0:
