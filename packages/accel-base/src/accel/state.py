@@ -389,9 +389,9 @@ class AcceleratorState:
                 f"it supports {supported}. Pick one of those or install an adapter that supports {precision!r}."
             )
         self.mixed_precision: str = precision
-        adapter = self._partial.adapter
-        name = strategy or os.environ.get("ACCEL_STRATEGY") or adapter.default_strategy()
-        self.strategy_name = adapter.strategy_aliases.get(name, name)
+        chosen = self._partial.adapter
+        name = strategy or os.environ.get("ACCEL_STRATEGY") or chosen.default_strategy()
+        self.strategy_name = chosen.strategy_aliases.get(name, name)
         self.dynamo_plugin = dynamo_plugin
         # The distributed type of a strategy comes from the strategy itself (`Strategy.distributed_type`,
         # set by the Accelerator): the core keeps no list of strategy names.

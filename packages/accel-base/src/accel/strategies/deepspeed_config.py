@@ -319,8 +319,9 @@ def _resolve_hidden_size_keys(config: dict[str, Any], hidden_size: int | None) -
 def model_hidden_size(model: Any) -> int | None:
     """`model.config.hidden_size`, else the largest of `model.config.hidden_sizes`, else None."""
     config = getattr(model, "config", None)
-    if getattr(config, "hidden_size", None) is not None:
-        return int(config.hidden_size)
+    hidden = getattr(config, "hidden_size", None)
+    if hidden is not None:
+        return int(hidden)
     sizes = getattr(config, "hidden_sizes", None)
     return int(max(sizes)) if sizes else None
 
