@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from accel import Accelerator
@@ -122,3 +124,35 @@ def test_interleaved_pipeline_is_refused_at_prepare() -> None:
     plugin = MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2)
     with pytest.raises(MegatronConfigError, match=r"interleaved .* does not build yet"):
         initialize(plugin, torch.device("cpu"), "gloo")
+
+
+@pytest.fixture
+def megatron_world():
+    """One process's megatron-core parallel state, torn down afterwards (the next test starts clean)."""
+    pytest.importorskip("megatron.core")
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_device_placement_list_and_a_second_model_are_refused_with_accelerates_messages(megatron_world) -> None:
+    import sys
+
+    from conftest import WORKERS
+
+    sys.path.insert(0, str(WORKERS))
+    from resume import gpt_provider
+
+    plugin = MegatronPlugin()
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    with pytest.raises(ValueError, match=r"^You can't customize device placements with DeepSpeed or Megatron-LM\.$"):
+        accelerator.prepare(ModelProvider(gpt_provider(plugin)), device_placement=[True])
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+    assert accelerator.prepare(model) is model, "an already prepared model is not a second one"
+    expected = "You can't use same `Accelerator()` instance with multiple models when using Megatron-LM"
+    with pytest.raises(AssertionError, match=f"^{re.escape(expected)}$"):
+        accelerator.prepare(ModelProvider(gpt_provider(plugin)))

@@ -21,6 +21,10 @@ from . import checkpoint, parallel, schedule
 from .optim import MegatronOptimizer, MegatronScheduler, build_optimizer, build_scheduler
 from .plugin import MegatronConfigError, MegatronPlugin
 
+# Accelerate's own messages (its Megatron-LM branch of `prepare`), so code that matches on them keeps working.
+DEVICE_PLACEMENT = "You can't customize device placements with DeepSpeed or Megatron-LM."
+MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple models when using Megatron-LM"
+
 if TYPE_CHECKING:
     from accel.distributed_type import DistributedType
     from accel.prepare import PrepareContext
@@ -62,7 +66,15 @@ class MegatronStrategy(Strategy):
         assert self.device is not None
         return parallel.on_device(self.device)
 
+    def validate_device_placement(self, device_placement: list[bool]) -> None:
+        """A per-object `device_placement` list is refused, as Accelerate does under Megatron-LM (ValueError)."""
+        raise ValueError(DEVICE_PLACEMENT)
+
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
+        """One model per Accelerator, as in Accelerate (AssertionError with its message); then parallel state."""
+        models = [o for o in objects if isinstance(o, nn.Module) and not self.is_wrapped(o)]
+        if len(models) + len(self.models) > 1:
+            raise AssertionError(MULTIPLE_MODELS)
         # Parallel state first, whatever the argument order: data loaders need the DP group.
         self._ensure_initialized(ctx.device)
 
