@@ -17,6 +17,7 @@ from .errors import (
     CheckpointError,
     CollectiveMismatchError,
     DistributedSetupError,
+    PrepareError,
     UnsafeCheckpointError,
 )
 from .handlers import ProfileKwargs
@@ -62,6 +63,7 @@ __all__ = [
     "Availability",
     "Capabilities",
     "CheckpointError",
+    "PrepareError",
     "CollectiveMismatchError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",

@@ -42,6 +42,7 @@ from .kwargs import (
 from .optimizer import AcceleratedOptimizer
 from .precision import remove_autocast_wrapper
 from .prepare import PrepareContext
+from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects
 from .prepared import Prepared, RunContext
 from .registry import get_strategy_class
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
@@ -221,6 +222,8 @@ class Accelerator(AcceleratorCompatMixin):
         self.prepared = Prepared(scaler=self.scaler)
         """Every prepared object (the registry strategies and checkpoints receive)."""
         self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        # Parameters that preparing a model replaced -> their replacements (optimizers are re-pointed).
+        self._parameter_map = ParameterMap()
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
@@ -436,6 +439,13 @@ class Accelerator(AcceleratorCompatMixin):
             self.strategy.validate_device_placement(device_placement)
         self.strategy.validate_prepare(args, self._run())
         objects = list(args)
+        # Paired by parameter identity before preparing changes any parameter.
+        groups = group_objects(
+            [None if getattr(o, "_is_accel_prepared", False) else o for o in objects],
+            is_model=lambda o: isinstance(o, torch.nn.Module),
+            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
+            is_scheduler=lambda o: o is not None and _prepare_stage(o) == 2,
+        )
         self.adapter.before_prepare(objects, self._context(self.device_placement))
         # Models and data loaders first: optimizers must see the placed parameters, and
         # schedulers the prepared optimizers (whatever order the user passed them in).
@@ -445,6 +455,8 @@ class Accelerator(AcceleratorCompatMixin):
                 if _prepare_stage(obj) == stage:
                     result[i] = self._prepare_one(obj, device_placement[i])
         self.adapter.after_prepare(result, self._context(self.device_placement))
+        for index in groups:
+            self._setup_group(index, result)
         self.strategy.after_prepare(result, self.prepared, self._run())
         steps = self.strategy.accumulation_steps()
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
@@ -489,7 +501,9 @@ class Accelerator(AcceleratorCompatMixin):
         if device_placement is None:
             device_placement = self.device_placement
         device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
+        before = ParameterMap.snapshot(model)
         prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode))
+        self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False))
         self._models.append(prepared)
         return prepared
 
@@ -504,8 +518,10 @@ class Accelerator(AcceleratorCompatMixin):
         if device_placement is None:
             device_placement = self.device_placement
         original = optimizer
-        # A strategy that replaces the optimizer (DeepSpeed's engine, megatron-core's) also
-        # rebuilds its schedulers in `prepare_scheduler`; schedulers follow the adapter's.
+        # Onto the parameters that preparing its model created (placement, sharding), once, here.
+        self._parameter_map.repoint(optimizer)
+        # A strategy's own replacement here (version-1 contract) rebuilds its schedulers itself in
+        # `prepare_scheduler`; schedulers follow the adapter's replacement and `setup`'s.
         optimizer = self.strategy.prepare_optimizer(optimizer, self._run())
         from_strategy = optimizer
         optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
@@ -537,6 +553,33 @@ class Accelerator(AcceleratorCompatMixin):
         )
         self._schedulers.append(wrapped)
         return wrapped
+
+    def _setup_group(self, index: GroupIndex, result: list[Any]) -> None:
+        """Hand one group of prepared objects to `Strategy.setup` and put what it replaced in place."""
+        opt_wrappers = [result[i] for i in index.optimizers]
+        sched_wrappers = [result[i] for i in index.schedulers]
+        group = PrepareGroup(
+            model=None if index.model is None else result[index.model],
+            optimizers=[w.optimizer for w in opt_wrappers],
+            schedulers=[w.scheduler for w in sched_wrappers],
+        )
+        new = self.strategy.setup(group, self.prepared, self._run())
+        if len(new.optimizers) != len(group.optimizers) or len(new.schedulers) != len(group.schedulers):
+            raise TypeError(
+                f"{type(self.strategy).__name__}.setup must return a group with as many optimizers and schedulers as "
+                f"it received ({len(group.optimizers)} and {len(group.schedulers)}), each replaced or unchanged."
+            )
+        if index.model is not None and new.model is not group.model:
+            self.prepared.replace_model(group.model, new.model)  # type: ignore[arg-type]
+            result[index.model] = new.model
+        # Schedulers the strategy replaced first: those it kept then follow a replaced optimizer.
+        for wrapper, old, replacement in zip(sched_wrappers, group.schedulers, new.schedulers):
+            if replacement is not old:
+                wrapper.scheduler = replacement
+        for wrapper, old, replacement in zip(opt_wrappers, group.optimizers, new.optimizers):
+            if replacement is not old:
+                wrapper.optimizer = replacement
+                self._follow_replaced_optimizer(old, replacement)
 
     def _follow_replaced_optimizer(self, old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
         """Schedulers follow an optimizer the strategy or adapter replaced: those prepared already

@@ -37,3 +37,7 @@ class CheckpointError(AccelError, RuntimeError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file holds objects that loading would have to execute code to rebuild."""
+
+
+class PrepareError(AccelError, ValueError):
+    """`prepare` cannot carry an object over as given (e.g. optimizer state for parameters it replaced)."""

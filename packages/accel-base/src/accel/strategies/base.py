@@ -3,9 +3,19 @@
 A strategy never sees the Accelerator. Its hooks get what they need as arguments: the
 registry of prepared objects (`accel.prepared.Prepared`), a frozen `RunContext` of the run,
 and for the step just the facts (`sync`: whether this backward closes an accumulation window).
-Order of the prepare walk: `validate_prepare` once per `prepare` call, `wrap_model` for each
-model (through the adapter's `prepare_model`), `prepare_optimizer` for each optimizer,
-`prepare_scheduler` for each scheduler, then `after_prepare` once, then `accumulation_steps`.
+The prepare walk (one `Accelerator.prepare` call; see docs/architecture.md):
+
+1. `validate_prepare` refuses combinations before anything is touched; the core pairs each
+   model with its optimizers and schedulers by parameter identity (`accel.prepare_group`).
+2. Each model is placed and wrapped (the adapter's `prepare_model`, which calls
+   `wrap_model`); the core records every parameter that replaced another and re-points
+   optimizers at the new ones, once, for every strategy and adapter.
+3. Optimizers and schedulers are wrapped (`prepare_optimizer`/`prepare_scheduler` remain for
+   per-object tweaks; a replacement made there is the strategy's own business).
+4. `setup(group, prepared, ctx)` runs once per group and is the one place where an engine
+   takes a model with its optimizers and schedulers (DeepSpeed's `initialize`); what it
+   returns replaced is put in place by the core, and schedulers follow a replaced optimizer.
+5. `after_prepare` (version-1 strategies; new ones use `setup`), then `accumulation_steps`.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import torch
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
+    from ..prepare_group import PrepareGroup
     from ..prepared import Prepared, RunContext
 
 
@@ -75,10 +86,25 @@ class Strategy:
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         """Refuse combinations this strategy cannot prepare (raise ValueError saying why)."""
 
+    def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
+        """Take one model with the optimizers and schedulers that train it; return the group to train with.
+
+        Called once per group of a `prepare` call, after every object is placed and wrapped:
+        `group.model` is the prepared model (None for optimizers prepared without theirs),
+        `group.optimizers`/`group.schedulers` the objects inside accel's wrappers, their
+        parameters already the model's current ones. Return `group` unchanged (the default)
+        or `group.replace(model=..., optimizers=[...], schedulers=[...])` with the same
+        number of optimizers and schedulers: the core puts each replacement into the
+        prepared wrapper and the registry, and a scheduler the strategy did not replace
+        follows a replaced optimizer (`accel.scheduler.follow_replaced_optimizer`).
+        `prepared` holds everything prepared so far (e.g. the data loaders, for a batch size).
+        """
+        return group
+
     def after_prepare(self, objects: list[Any], prepared: Prepared, ctx: RunContext) -> None:
         """Runs after every object of one `prepare` call is prepared (`objects`, in the caller's order).
 
-        An engine that wraps a prepared model replaces it in `prepared` (`Prepared.replace_model`).
+        Version-1 hook kept for strategies written before `setup`; new strategies use `setup`.
         """
 
     def accumulation_steps(self) -> int | None:

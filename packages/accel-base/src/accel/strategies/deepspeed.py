@@ -37,6 +37,7 @@ from .deepspeed_config import (
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
     from ..prepare import PrepareContext
+    from ..prepare_group import PrepareGroup
     from ..prepared import Prepared, RunContext
 
 __all__ = ["DeepSpeedConfigError", "DeepSpeedPlugin", "DeepSpeedStrategy", "DummyOptim", "DummyScheduler"]
@@ -119,9 +120,9 @@ class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
 class DeepSpeedSchedulerWrapper:
     """The scheduler inside the prepared one: the engine steps the real one with each optimizer step."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, optimizer: Any) -> None:
         self.scheduler = scheduler
-        self.optimizer = scheduler.optimizer
+        self.optimizer = optimizer
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -179,31 +180,21 @@ class DeepSpeedStrategy(Strategy):
             )
 
     def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        # The engine is built in `after_prepare`, once the optimizer and scheduler are known.
+        # The engine is built in `setup`, with the model's optimizer and scheduler.
         self._device_type = ctx.device.type
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
-        return DeepSpeedOptimizerWrapper(optimizer)
+    def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
+        """`deepspeed.initialize` on the group's model, optimizer and scheduler; the engine replaces the model.
 
-    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
-        return DeepSpeedSchedulerWrapper(scheduler)
-
-    def after_prepare(self, objects: list[Any], prepared: Prepared, ctx: RunContext) -> None:
-        model_index = next(
-            (i for i, o in enumerate(objects) if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)), None
-        )
-        if model_index is None:
-            return
-        model = objects[model_index]
-        opt_wrappers = [
-            o.optimizer for o in objects if isinstance(getattr(o, "optimizer", None), DeepSpeedOptimizerWrapper)
-        ]
-        sched_wrappers = [
-            o.scheduler for o in objects if isinstance(getattr(o, "scheduler", None), DeepSpeedSchedulerWrapper)
-        ]
-        client_opt = opt_wrappers[0].optimizer if opt_wrappers else None
-        client_sched = sched_wrappers[0].scheduler if sched_wrappers else None
+        The optimizer and scheduler come back as views on the engine's (`step` does nothing:
+        `Accelerator.backward` runs the engine's step).
+        """
+        model = group.model
+        if model is None or self.is_wrapped(model):
+            return group
+        client_opt = group.optimizers[0] if group.optimizers else None
+        client_sched = group.schedulers[0] if group.schedulers else None
         dummy_opt = client_opt if isinstance(client_opt, DummyOptim) else None
         dummy_sched = client_sched if isinstance(client_sched, DummyScheduler) else None
         self.ds_config = config = resolve_config(
@@ -235,13 +226,9 @@ class DeepSpeedStrategy(Strategy):
             dist_init_required=False,
         )
         self.engine = engine
-        objects[model_index] = engine
-        prepared.replace_model(model, engine)
-        if opt_wrappers:
-            opt_wrappers[0].optimizer = engine_opt
-        if sched_wrappers:
-            sched_wrappers[0].scheduler = engine_sched
-            sched_wrappers[0].optimizer = engine_opt
+        optimizers = [DeepSpeedOptimizerWrapper(engine_opt)] if client_opt is not None else []
+        schedulers = [DeepSpeedSchedulerWrapper(engine_sched, engine_opt)] if client_sched is not None else []
+        return group.replace(model=engine, optimizers=optimizers, schedulers=schedulers)
 
     def accumulation_steps(self) -> int | None:
         """The config's `gradient_accumulation_steps` once the engine is built (it wins over the Accelerator's)."""
