@@ -12,9 +12,10 @@ from conftest import WORKERS, run_launch
 pytest.importorskip("megatron.core")
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
-def test_save_state_load_state_resumes_exactly(tmp_path: Path, tp: int, pp: int) -> None:
-    run_launch(WORKERS / "resume.py", str(tp), str(pp), str(tmp_path))
+@pytest.mark.parametrize(("tp", "pp", "dropout"), [(2, 1, 0.0), (1, 2, 0.0), (2, 1, 0.3)])
+def test_save_state_load_state_resumes_exactly(tmp_path: Path, tp: int, pp: int, dropout: float) -> None:
+    """With dropout under TP=2, the model-parallel RNG tracker's streams are part of the checkpoint."""
+    run_launch(WORKERS / "resume.py", str(tp), str(pp), str(tmp_path), str(dropout))
     result = json.loads((tmp_path / "resume.json").read_text())
     assert result["first"] == result["again"]
     assert (tmp_path / "ckpt" / "megatron_models").is_dir(), "megatron-core's distributed checkpoint"

@@ -22,6 +22,57 @@ if TYPE_CHECKING:
 
 _MODELS = "megatron_models"
 _MANIFEST = "megatron.json"
+_RNG = "megatron_rng"
+
+
+def _rng_file(directory: Path) -> Path:
+    """This process's RNG-tracker file: one per (pipeline, tensor) rank, shared by its data-parallel replicas."""
+    from megatron.core import parallel_state
+
+    pp = parallel_state.get_pipeline_model_parallel_rank()
+    tp = parallel_state.get_tensor_model_parallel_rank()
+    return directory / _RNG / f"pp{pp:03d}_tp{tp:03d}.pt"
+
+
+def save_rng_tracker(directory: Path) -> None:
+    """Write megatron-core's model-parallel RNG tracker streams (dropout inside and outside TP regions).
+
+    The tracker's streams differ per tensor-parallel rank and are equal across data-parallel
+    replicas, so the first replica of each (pipeline, tensor) rank writes them.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    if parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0:
+        path = _rng_file(directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        states = {
+            name: state.detach().to("cpu", copy=True) for name, state in get_cuda_rng_tracker().get_states().items()
+        }
+        torch.save(states, path)
+
+
+def load_rng_tracker(directory: Path) -> None:
+    """Restore what `save_rng_tracker` wrote for this process's (pipeline, tensor) rank.
+
+    Raises:
+        CheckpointError: the checkpoint has no RNG-tracker state for this rank (saved with
+            another tensor/pipeline layout).
+    """
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    path = _rng_file(directory)
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} has no model-parallel RNG state for this process ({path.name}); it was saved with another "
+            "tensor/pipeline layout. Resume with the same tp_degree and pp_degree."
+        )
+    states = torch.load(path, weights_only=True)
+    tracker = get_cuda_rng_tracker()
+    missing = set(tracker.get_states()) - set(states)
+    if missing:
+        raise CheckpointError(f"{path} lacks the RNG stream(s) {sorted(missing)}.")
+    tracker.set_states(states)
 
 
 def _global_name(local_key: str, offsets: tuple[int, ...]) -> str:
@@ -117,7 +168,8 @@ def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
 
 
 def save(prepared: Prepared, ctx: RunContext, directory: Path) -> list[str]:
-    """Write every prepared model and optimizer with megatron-core's distributed checkpointing."""
+    """Write every prepared model and optimizer with megatron-core's distributed checkpointing, and the
+    model-parallel RNG tracker's streams (exact resume with dropout under tensor parallelism)."""
     from megatron.core import dist_checkpointing
 
     folder = directory / _MODELS
@@ -128,7 +180,8 @@ def save(prepared: Prepared, ctx: RunContext, directory: Path) -> list[str]:
         )
     dist.barrier()
     dist_checkpointing.save(_sharded(prepared, loading=False), str(folder))
-    return [_MODELS, _MANIFEST]
+    save_rng_tracker(directory)
+    return [_MODELS, _MANIFEST, _RNG]
 
 
 def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
@@ -158,3 +211,5 @@ def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
         inner.load_state_dict(state, strict=strict)
     for i, opt in enumerate(prepared.optimizers):
         opt.optimizer.inner.load_state_dict(loaded[f"optimizer{i}"])
+    if (directory / _RNG).is_dir():  # checkpoints from before the tracker was saved have none
+        load_rng_tracker(directory)

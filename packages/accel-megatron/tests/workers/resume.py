@@ -1,7 +1,9 @@
-"""save_state / load_state through megatron-core's distributed checkpointing; argv: TP PP OUT_DIR.
+"""save_state / load_state through megatron-core's distributed checkpointing; argv: TP PP OUT_DIR [DROPOUT].
 
 Trains 2 steps, saves, trains 2 more (recording losses, weights and the learning rate), loads
-the checkpoint and repeats those 2 steps: everything must be identical.
+the checkpoint and repeats those 2 steps: everything must be identical. With DROPOUT > 0 the
+attention dropout runs inside tensor-parallel regions (megatron-core's model-parallel RNG
+tracker) and the hidden dropout outside them (the default generator).
 """
 
 import json
@@ -15,7 +17,7 @@ from accel_megatron import MegatronPlugin, ModelProvider
 VOCAB, SEQ, BATCH = 64, 8, 4
 
 
-def gpt_provider(plugin: MegatronPlugin):
+def gpt_provider(plugin: MegatronPlugin, dropout: float = 0.0):
     def provider(pre_process: bool, post_process: bool) -> torch.nn.Module:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -26,8 +28,8 @@ def gpt_provider(plugin: MegatronPlugin):
             hidden_size=32,
             num_attention_heads=4,
             use_cpu_initialization=True,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
+            hidden_dropout=dropout,
+            attention_dropout=dropout,
             **plugin.transformer_config_kwargs(),
         )
         return GPTModel(
@@ -45,9 +47,10 @@ def gpt_provider(plugin: MegatronPlugin):
 
 def main() -> None:
     tp, pp, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    dropout = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     plugin = MegatronPlugin(tp_degree=tp, pp_degree=pp, num_micro_batches=2)
     accelerator = Accelerator(megatron_lm_plugin=plugin)
-    model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin, dropout)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=8, eta_min=1e-3)
     optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
