@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -156,3 +157,50 @@ def test_device_placement_list_and_a_second_model_are_refused_with_accelerates_m
     expected = "You can't use same `Accelerator()` instance with multiple models when using Megatron-LM"
     with pytest.raises(AssertionError, match=f"^{re.escape(expected)}$"):
         accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+
+
+def _train_three_steps(mixed_precision: str) -> tuple[list[float], Any, Any, dict[str, torch.Tensor]]:
+    import sys
+
+    from conftest import WORKERS, _reset
+
+    sys.path.insert(0, str(WORKERS))
+    from resume import BATCH, SEQ, VOCAB, gpt_provider
+
+    _reset()
+    plugin = MegatronPlugin()
+    accelerator = Accelerator(megatron_lm_plugin=plugin, mixed_precision=mixed_precision)
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    position_ids = torch.arange(SEQ)[None].expand(BATCH, -1)
+    causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None]
+    losses = []
+    for _ in range(3):
+        loss = model(batch[:, :-1], position_ids, causal, labels=batch[:, 1:]).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    weights = accelerator.get_state_dict(model)
+    return losses, model, optimizer.optimizer.inner, weights
+
+
+def test_bf16_uses_megatron_cores_mixed_precision_optimizer(megatron_world) -> None:
+    """mixed_precision="bf16": bf16 parameters in Float16Module, fp32 main parameters in megatron-core's
+    Float16OptimizerWithFloat16Params; the losses follow the fp32 run within bf16 rounding."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.module import Float16Module
+
+    losses, model, inner, weights = _train_three_steps("bf16")
+    assert isinstance(model.module, Float16Module)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    (chained,) = getattr(inner, "chained_optimizers", [inner])
+    assert type(chained).__name__ == "Float16OptimizerWithFloat16Params"
+    assert {p.dtype for g in chained.fp32_from_float16_groups for p in g} == {torch.float32}
+    parallel_state.destroy_model_parallel()
+    reference, ref_model, _, ref_weights = _train_three_steps("no")
+    assert {p.dtype for p in ref_model.parameters()} == {torch.float32}
+    assert sorted(weights) == sorted(ref_weights), "the unwrapped model keeps the one-process names"
+    assert losses != reference, "bf16 arithmetic ran"
+    assert losses == pytest.approx(reference, rel=5e-3)

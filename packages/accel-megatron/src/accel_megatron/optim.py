@@ -15,8 +15,11 @@ _SCHEDULER_HELP = (
 )
 
 
-def optimizer_config(optimizer: torch.optim.Optimizer, plugin: MegatronPlugin) -> Any:
+def optimizer_config(optimizer: torch.optim.Optimizer, plugin: MegatronPlugin, mixed_precision: str = "no") -> Any:
     """megatron-core's `OptimizerConfig` for the hyperparameters of `optimizer`.
+
+    `mixed_precision` "bf16"/"fp16" selects megatron-core's mixed-precision optimizer (fp32
+    main parameters; fp16 with its dynamic loss scaler).
 
     Raises:
         MegatronConfigError: an optimizer type megatron-core has no counterpart for, or
@@ -40,6 +43,8 @@ def optimizer_config(optimizer: torch.optim.Optimizer, plugin: MegatronPlugin) -
         "use_distributed_optimizer": plugin.use_distributed_optimizer,
         # megatron-core clips at 1.0 unless told otherwise; the user asked for what the plugin says.
         "clip_grad": float(plugin.gradient_clipping or 0.0),
+        "bf16": mixed_precision == "bf16",
+        "fp16": mixed_precision == "fp16",
     }
     if isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)):
         defaults = optimizer.defaults
@@ -125,7 +130,11 @@ class MegatronOptimizer(torch.optim.Optimizer):
 
 
 def build_optimizer(
-    optimizer: torch.optim.Optimizer, models: list[torch.nn.Module], plugin: MegatronPlugin, redirect: Any
+    optimizer: torch.optim.Optimizer,
+    models: list[torch.nn.Module],
+    plugin: MegatronPlugin,
+    redirect: Any,
+    mixed_precision: str = "no",
 ) -> MegatronOptimizer:
     """megatron-core's optimizer over the DDP-wrapped `models`, from the user's `optimizer`.
 
@@ -141,9 +150,13 @@ def build_optimizer(
             f"The optimizer updates {len(stray)} parameter(s) that belong to no prepared megatron-core model. "
             "Prepare the model first and build the optimizer from `model.parameters()`."
         )
-    config = optimizer_config(optimizer, plugin)
+    config = optimizer_config(optimizer, plugin, mixed_precision)
     with redirect():
         inner = get_megatron_optimizer(config, models)
+    if config.fp16 or config.bf16:
+        # As megatron-core's training loop does: its pipeline schedules scale each micro-batch loss.
+        for model in models:
+            model.config.grad_scale_func = inner.scale_loss  # type: ignore[union-attr]
     return MegatronOptimizer(inner, models, redirect)
 
 

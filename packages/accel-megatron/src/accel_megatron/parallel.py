@@ -128,6 +128,28 @@ def check_config(config: Any, plugin: MegatronPlugin) -> None:
         )
 
 
+def half_precision(model: nn.Module, mixed_precision: str) -> nn.Module:
+    """Under `mixed_precision` "bf16"/"fp16": the model in megatron-core's `Float16Module`.
+
+    Its parameters become bf16/fp16 (the optimizer keeps fp32 main copies), the first stage's
+    floating inputs are cast down and the last stage's outputs back to fp32; the model's
+    `TransformerConfig` gets `bf16`/`fp16` (and the pipeline dtype) set, as megatron-core's
+    training loop does from `--bf16`/`--fp16`. Otherwise the model is returned unchanged.
+    """
+    if mixed_precision not in ("bf16", "fp16"):
+        return model
+    from megatron.core.transformer.module import Float16Module
+
+    config = model_config(model)
+    config.bf16 = mixed_precision == "bf16"
+    config.fp16 = mixed_precision == "fp16"
+    dtype = torch.bfloat16 if config.bf16 else torch.float16
+    config.params_dtype = dtype
+    if config.pipeline_model_parallel_size > 1:
+        config.pipeline_dtype = dtype
+    return Float16Module(config, model)
+
+
 def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device) -> nn.Module:
     """megatron-core's DistributedDataParallel over the data-parallel group (contiguous grad buffers)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -93,14 +93,19 @@ class MegatronStrategy(Strategy):
                 model = model.to(ctx.device)
         config = parallel.model_config(model)
         parallel.check_config(config, self.plugin)
+        if not ctx.evaluation_mode:
+            model = parallel.half_precision(model, ctx.mixed_precision)
         wrapped = parallel.wrap_ddp(model, self.plugin, ctx.device)
         self.models.append(wrapped)
         return wrapped
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         from megatron.core.distributed import DistributedDataParallel
+        from megatron.core.transformer.module import Float16Module
 
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        return model.module if isinstance(model, Float16Module) else model
 
     def is_wrapped(self, model: nn.Module) -> bool:
         from megatron.core.distributed import DistributedDataParallel
@@ -120,7 +125,15 @@ class MegatronStrategy(Strategy):
                 "Prepare the megatron-core model before (or together with) its optimizer: megatron-core's "
                 "optimizer is built over the DDP-wrapped model's gradient buffers."
             )
-        return build_optimizer(optimizer, self.models, self.plugin, self.redirect)
+        return build_optimizer(optimizer, self.models, self.plugin, self.redirect, ctx.mixed_precision)
+
+    def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
+        """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
+        scaler = next((m.config.grad_scale_func for m in self.models if getattr(m.config, "fp16", False)), None)
+        if scaler is None:
+            return False
+        scaler(loss).backward(**kwargs)
+        return True
 
     def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
         """The user's torch scheduler as megatron-core's `OptimizerParamScheduler` (same schedule)."""
