@@ -126,29 +126,39 @@ class AcceleratorCompatMixin:
         return getattr(self.strategy, "_mesh", None)
 
     @property
-    def parallelism_config(self) -> None:
-        """None: accel configures parallelism through `strategy=` and its config, not `ParallelismConfig`."""
-        return None
+    def parallelism_config(self) -> Any:
+        """The `ParallelismConfig` of an N-D run (`Accelerator(parallelism_config=...)`), else None."""
+        return getattr(self.strategy, "parallelism", None)  # type: ignore[attr-defined]
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:
-        return False
+        return bool(self.is_fsdp2)  # type: ignore[attr-defined]
+
+    def _mesh_rank(self, dim: str) -> int | None:
+        pc, mesh = self.parallelism_config, self.torch_device_mesh
+        if pc is None or mesh is None or dim not in (mesh.mesh_dim_names or ()):
+            return None
+        return int(mesh.get_local_rank(dim))
 
     @property
     def data_parallel_rank(self) -> int:
+        if self.parallelism_config is not None:
+            return self._mesh_rank("dp_replicate") or 0
         return int(self._data_shards()[1])  # type: ignore[attr-defined]
 
     @property
     def data_parallel_shard_rank(self) -> int:
+        if self.parallelism_config is not None:
+            return self._mesh_rank("dp_shard") or 0
         return int(self._data_shards()[1]) if self.is_fsdp2 else 0  # type: ignore[attr-defined]
 
     @property
     def tensor_parallel_rank(self) -> int:
-        return 0
+        return self._mesh_rank("tp") or 0
 
     @property
     def context_parallel_rank(self) -> int:
-        return 0
+        return self._mesh_rank("cp") or 0
 
     @property
     def pipeline_parallel_rank(self) -> int:

@@ -54,6 +54,9 @@ class Capabilities:
     """Whether `torch.compile` works through the adapter."""
     multi_process: bool = True
     """Whether several processes can run on one host (2 ranks in the kit)."""
+    parallelism: frozenset[str] = frozenset()
+    """N-D parallelism the adapter runs on its device mesh (`ParallelismConfig`): "tp" (tensor
+    parallelism), "hsdp" (replicated shard groups), "cp" (context parallelism)."""
 
 
 @dataclass(kw_only=True, frozen=True)

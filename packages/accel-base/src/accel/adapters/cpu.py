@@ -19,6 +19,7 @@ class CPUAdapter(Adapter):
         strategies=frozenset({"ddp", "fsdp2", "deepspeed", "megatron"}),
         compile=True,
         multi_process=True,
+        parallelism=frozenset({"tp", "hsdp"}),
     )
 
     @classmethod

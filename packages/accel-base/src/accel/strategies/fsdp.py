@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..distributed_type import DistributedType
+    from ..parallelism_config import ParallelismConfig
     from ..prepare import PrepareContext
     from ..prepared import Prepared, RunContext
 
@@ -83,6 +84,9 @@ class FSDPConfig:
     less memory for roughly one extra forward."""
     extra_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed through to every `fully_shard` call (e.g. `shard_placement_fn`)."""
+    parallelism_config: Any = None
+    """accel's link to an `accel.ParallelismConfig` (what `Accelerator(parallelism_config=...)` sets):
+    the N-D mesh to shard over (HSDP, FSDP2 x TP). None: one dimension of every process."""
 
     def __post_init__(self) -> None:
         if self.fsdp_version != 2:
@@ -205,7 +209,11 @@ class FSDP2Strategy(Strategy):
 
     name: ClassVar[str] = "fsdp2"
 
-    def __init__(self, config: FSDPConfig | None = None) -> None:
+    def __init__(self, config: Any = None) -> None:
+        from ..parallelism_config import ParallelismConfig
+
+        if isinstance(config, ParallelismConfig):
+            config = FSDPConfig(parallelism_config=config)
         if config is not None and not isinstance(config, FSDPConfig):
             raise TypeError(
                 f"The fsdp2 strategy takes an accel.FSDPConfig (FullyShardedDataParallelPlugin), "
@@ -219,6 +227,15 @@ class FSDP2Strategy(Strategy):
         # Old parameter (weakly) -> its shard, kept after `prepare` so that an optimizer prepared in a
         # later call is re-pointed too.
         self._replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+        self.parallelism: ParallelismConfig | None = self.config.parallelism_config
+        self._own_group: Any = None
+        if self.parallelism is not None:
+            self._mesh = _build_nd_mesh(self.parallelism)
+            if self._mesh is not None and not self.parallelism.dp_dim_names:
+                import torch.distributed as dist
+
+                # Every process is one data shard of its own (tensor/context parallelism over all of them).
+                self._own_group, _ = dist.new_subgroups(group_size=1)
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from ..distributed_type import DistributedType
@@ -231,6 +248,13 @@ class FSDP2Strategy(Strategy):
         optimizers = sum(isinstance(o, torch.optim.Optimizer) for o in objects)
         if bool(models) != bool(optimizers):
             raise ValueError(MODEL_WITHOUT_OPTIMIZER)
+
+    def data_parallel_group(self) -> Any:
+        """The flattened `dp` dimension when tensor or context parallel peers share a batch."""
+        pc = self.parallelism
+        if pc is None or self._mesh is None or not pc.non_dp_dim_names:
+            return None
+        return self._mesh["dp"].get_group() if pc.dp_dim_names else self._own_group
 
     def mesh(self, device: torch.device, world_size: int) -> DeviceMesh:
         if self._mesh is None:
@@ -246,11 +270,15 @@ class FSDP2Strategy(Strategy):
             return model
         config = self.config
         before = {_canonical(n): p for n, p in model.named_parameters(remove_duplicate=False)}
+        shard_mesh = self._nd_prepare(model, ctx)
+        if shard_mesh is None:
+            self._record_replaced(model, before)
+            return model
         targets = wrap_targets(model, config)
         if config.activation_checkpointing:
             targets = _apply_activation_checkpointing(model, targets)
         kwargs = {
-            "mesh": self.mesh(ctx.device, ctx.num_processes),
+            "mesh": shard_mesh,
             "reshard_after_forward": config.reshard_after_forward,
             "mp_policy": config.mp_policy(ctx.mixed_precision),
             "offload_policy": config.offload_policy(ctx.device),
@@ -261,11 +289,29 @@ class FSDP2Strategy(Strategy):
         # The root keeps whatever no unit claimed; it is never resharded after forward since
         # backward needs it at once.
         fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+        self._record_replaced(model, before)
+        return model
+
+    def _nd_prepare(self, model: nn.Module, ctx: PrepareContext) -> Any:
+        """Apply tensor parallelism (N-D runs); return the mesh to shard over (None: no sharding)."""
+        pc = self.parallelism
+        if pc is None:
+            return self.mesh(ctx.device, ctx.num_processes)
+        if self._mesh is None:
+            return None
+        if pc.tp_enabled:
+            from .tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(model, self._mesh["tp"], pc.tp_plan)
+        if not pc.dp_shard_cp_dim_names:
+            return None
+        return self._mesh[tuple(pc.fsdp_dim_names)]
+
+    def _record_replaced(self, model: nn.Module, before: dict[str, nn.Parameter]) -> None:
         for name, new in model.named_parameters(remove_duplicate=False):
             old = before.get(_canonical(name))
             if old is not None and old is not new:
                 self._replaced[id(old)] = (weakref.ref(old), new)
-        return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         if not self._replaced:
@@ -293,20 +339,33 @@ class FSDP2Strategy(Strategy):
     def is_wrapped(self, model: nn.Module) -> bool:
         from torch.distributed.fsdp import FSDPModule
 
-        return isinstance(model, FSDPModule)
+        if isinstance(model, FSDPModule):
+            return True
+        # Tensor parallelism alone leaves the module type as it is but makes its weights DTensors.
+        from torch.distributed.tensor import DTensor
+
+        return self.parallelism is not None and any(isinstance(p, DTensor) for p in model.parameters())
 
     # ---- the step ---------------------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return _no_sync(model) if self.is_wrapped(model) else contextlib.nullcontext()
+        from torch.distributed.fsdp import FSDPModule
+
+        return _no_sync(model) if isinstance(model, FSDPModule) else contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         from torch.distributed.tensor import DTensor
 
         if not any(isinstance(p, DTensor) for p in parameters):
             return None
-        # clip_grad_norm_ reduces over the shards of each DTensor gradient: its norm is global.
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return torch.zeros(())
+        meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
+        if len(meshes) <= 1 and all(isinstance(g, DTensor) for g in grads):
+            # clip_grad_norm_ reduces over the shards of each DTensor gradient: its norm is global.
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+            return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return _clip_mixed_meshes(grads, max_norm, float(norm_type))
 
     # ---- state dicts ------------------------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -344,6 +403,39 @@ class FSDP2Strategy(Strategy):
 
         load_models_and_optimizers(prepared, ctx, directory, strict=strict)
         return True
+
+
+def _build_nd_mesh(pc: ParallelismConfig) -> DeviceMesh | None:
+    """Validate `pc` against the run and its adapter, and build its mesh on the adapter's device type."""
+    from ..state import PartialState
+
+    state = PartialState()
+    pc.validate(state.num_processes, state.adapter.capabilities, state.adapter.name)
+    if not state.use_distributed:
+        return None
+    if pc.dp_replicate_enabled and not pc.dp_shard_cp_dim_names:
+        raise ValueError(
+            "ParallelismConfig with only dp_replicate_size > 1 is plain data parallelism: use strategy='ddp' "
+            "(no fsdp_plugin) instead, or set dp_shard_size > 1 to shard the model."
+        )
+    return pc.get_device_mesh(state.device.type)
+
+
+def _clip_mixed_meshes(grads: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+    """Clip gradients that live on different meshes (FSDP2 x TP: sharded 2-D and 1-D) by their global norm."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        norms = []
+        for g in grads:
+            n = torch.linalg.vector_norm(g, norm_type)
+            norms.append(n.full_tensor() if isinstance(n, DTensor) else n)
+        total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            local = g.to_local() if isinstance(g, DTensor) else g
+            local.mul_(coef.to(local.dtype))
+    return total
 
 
 @contextlib.contextmanager

@@ -38,9 +38,15 @@ def _options(**kwargs: Any) -> Any:
 
 
 def _is_fsdp(model: nn.Module) -> bool:
+    """Whether `model` is sharded (FSDP2 units, or tensor-parallel DTensor weights)."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
-    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
+    return (
+        isinstance(model, FSDPModule)
+        or any(isinstance(m, FSDPModule) for m in model.modules())
+        or any(isinstance(p, DTensor) for p in model.parameters())
+    )
 
 
 def gather_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

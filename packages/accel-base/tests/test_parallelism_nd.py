@@ -1,0 +1,221 @@
+"""N-D parallelism (`ParallelismConfig`): TP, FSDP2, HSDP and FSDP2 x TP on gloo, each against a
+one-process reference trained on the same global batches; exact resume under TP and 2-D."""
+
+from __future__ import annotations
+
+import pytest
+from accel.adapter import Capabilities
+from accel.parallelism_config import ParallelismConfig
+from conftest import launch
+
+WORKER = r"""
+import copy, sys, warnings
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
+from accel import Accelerator, FSDPConfig, set_seed
+from accel.parallelism_config import ParallelismConfig
+from accel.state import AcceleratorState, GradientState
+
+D, H = 16, 4
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # No key bias: softmax ignores it, so its gradient is rounding noise that Adam would amplify.
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=i != 1) for i in range(4))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds H / tp of them.
+        q, k, v = (p(x).view(b, t, -1, D // H).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn = Attn()
+        self.up, self.down = nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+class Net(nn.Module):
+    tp_plan = {
+        "layers.*.attn.q": "colwise", "layers.*.attn.k": "colwise", "layers.*.attn.v": "colwise",
+        "layers.*.attn.o": "rowwise", "layers.*.up": "colwise", "layers.*.down": "rowwise",
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, D)
+        self.layers = nn.ModuleList([Block() for _ in range(2)])
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+def batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(8, 4, 6, generator=g), torch.randint(0, 3, (8, 4), generator=g)
+
+def loss_fn(out, y):
+    return F.cross_entropy(out.reshape(-1, 3), y.reshape(-1))
+
+def make_opt(params):
+    return torch.optim.AdamW(params, lr=1e-2)
+
+def reference(steps):
+    set_seed(0)
+    model = Net()
+    opt = make_opt(model.parameters())
+    losses, norms = [], []
+    for s in range(steps):
+        x, y = batch(s)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5).item())
+        opt.step(); opt.zero_grad()
+        losses.append(loss.item())
+    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+def run(name, pc, fsdp, out):
+    AcceleratorState._reset_state(); GradientState._reset_state()
+    steps = 3
+    ref_losses, ref_norms, ref_state = reference(steps)
+    set_seed(0)
+    model = Net()
+    acc = Accelerator(fsdp_plugin=FSDPConfig(parallelism_config=pc, **fsdp))
+    mesh = acc.torch_device_mesh
+    assert mesh.device_type == acc.device.type
+    opt = make_opt(model.parameters())
+    model, opt = acc.prepare(model, opt)
+    if pc.tp_enabled:
+        w = model.layers[0].up.weight
+        assert isinstance(w, DTensor) and "tp" in w.device_mesh.mesh_dim_names, w.device_mesh
+        assert acc.tensor_parallel_rank == mesh.get_local_rank("tp")
+    n_dp, dp_rank = acc._data_shards()
+    assert n_dp == pc.data_parallel_size, (n_dp, pc.data_parallel_size)
+
+    def step(s):
+        x, y = batch(s)
+        per = x.shape[0] // n_dp
+        sl = slice(dp_rank * per, (dp_rank + 1) * per)
+        loss = loss_fn(model(x[sl]), y[sl])
+        acc.backward(loss)
+        norm = acc.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step(); opt.zero_grad()
+        return acc.reduce(loss.detach(), "mean").item(), float(norm)
+
+    for s in range(steps - 1):
+        loss, norm = step(s)
+        assert abs(loss - ref_losses[s]) < 1e-5 and abs(norm - ref_norms[s]) < 1e-4, (name, s, loss, norm)
+    acc.save_state(str(out / f"{name}_ckpt"))
+    last = step(steps - 1)
+    assert abs(last[0] - ref_losses[-1]) < 1e-5, (name, last, ref_losses[-1])
+    state = acc.get_state_dict(model)
+    if acc.is_main_process:
+        assert sorted(state) == sorted(ref_state), (sorted(state), sorted(ref_state))
+        for k, v in ref_state.items():
+            assert torch.allclose(state[k], v, atol=2e-5), (name, k, (state[k] - v).abs().max())
+    acc.save_model(model, str(out / f"{name}_model"))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        files = sorted(p.name for p in (out / f"{name}_model").iterdir())
+        assert files == ["model.safetensors"], files
+        saved = load_file(str(out / f"{name}_model" / "model.safetensors"))
+        assert all(torch.equal(saved[k], state[k]) for k in ref_state)
+    # Exact resume: back to the state after step 2, the third step again gives the same weights.
+    acc.load_state(str(out / f"{name}_ckpt"))
+    again = step(steps - 1)
+    state2 = acc.get_state_dict(model)
+    assert again == last, (name, again, last)
+    if acc.is_main_process:
+        for k in ref_state:
+            assert torch.equal(state2[k], state[k]), (name, k)
+    # Loaders are sharded over the data-parallel dimensions only: every sample once in gather_for_metrics.
+    data = torch.arange(16.0)
+    dl = acc.prepare(DataLoader(TensorDataset(data), batch_size=2))
+    got = torch.cat([acc.gather_for_metrics(x) for (x,) in dl])
+    assert sorted(got.tolist()) == data.tolist(), (name, got.tolist())
+    acc.print(f"OK {name}")
+
+out = Path(sys.argv[1])
+layouts = {
+    "tp2": (ParallelismConfig(tp_size=2), {}),
+    "fsdp2": (ParallelismConfig(dp_shard_size=2), {}),
+    "hsdp": (ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), {}),
+    "fsdp_tp": (ParallelismConfig(dp_shard_size=2, tp_size=2), {"state_dict_type": "SHARDED_STATE_DICT"}),
+}
+for name in sys.argv[2:]:
+    run(name, *layouts[name], out)
+"""
+
+
+def test_tp_and_fsdp_on_two_processes(write_script, tmp_path):
+    proc = launch(write_script(WORKER), str(tmp_path), "tp2", "fsdp2", timeout=300)
+    assert "OK tp2" in proc.stdout and "OK fsdp2" in proc.stdout, proc.stdout
+
+
+def test_hsdp_and_fsdp_x_tp_on_four_processes(write_script, tmp_path):
+    proc = launch(write_script(WORKER), str(tmp_path), "hsdp", "fsdp_tp", nproc=4, timeout=420)
+    assert "OK hsdp" in proc.stdout and "OK fsdp_tp" in proc.stdout, proc.stdout
+
+
+# ---- the config alone --------------------------------------------------------------------------
+def test_config_defaults_env_and_names(monkeypatch):
+    monkeypatch.setenv("ACCEL_PARALLELISM_TP_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "3")
+    pc = ParallelismConfig()
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == (1, 3, 2, 1)
+    assert pc.total_size == 6 and pc.data_parallel_size == 3 and pc.non_data_parallel_size == 2
+    assert pc.dp_dim_names == ["dp_shard"] and pc.non_dp_dim_names == ["tp"]
+    assert pc.fsdp_dim_names == ["dp_shard_cp"] and pc._get_mesh() == (("dp_shard", "tp"), (3, 2))
+    assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2, tp_size=1)._get_mesh()[0] == (
+        "dp_replicate",
+        "dp_shard",
+        "cp",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tp_size": 0}, "tp_size must be at least 1, but got 0"),
+        ({"dp_shard_size": -1}, "dp_shard_size must be at least 1, but got -1"),
+        ({"cp_backend": "ring"}, "cp_backend must be one of ['torch'], but got ring"),
+        ({"dp_replicate_size": 2, "tp_size": 2}, "cannot be used with pure data parallelism"),
+        ({"cp_size": 2, "sp_size": 2}, "mutually exclusive"),
+    ],
+)
+def test_config_validation_messages(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        ParallelismConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_total_size_and_adapter_claims_are_checked():
+    with pytest.raises(ValueError, match=r"total_size \(4\) does not match num_processes \(2\)"):
+        ParallelismConfig(tp_size=4).validate(2, Capabilities(parallelism=frozenset({"tp"})), "cpu")
+    # Context parallelism on an adapter that does not claim it (the cpu adapter): refused, naming the fix.
+    with pytest.raises(ValueError, match=r"does not support context parallelism \(cp\).*cp_size=1"):
+        ParallelismConfig(cp_size=2).validate(2, _cpu_capabilities(), "cpu")
+    ParallelismConfig(tp_size=2).validate(2, _cpu_capabilities(), "cpu")
+
+
+def _cpu_capabilities() -> Capabilities:
+    from accel.adapters.cpu import CPUAdapter
+
+    caps = CPUAdapter.capabilities
+    assert "cp" not in caps.parallelism and {"tp", "hsdp"} <= caps.parallelism
+    return caps
