@@ -36,3 +36,28 @@ def test_fp16_scaling_and_a_vendor_step_compose(monkeypatch: pytest.MonkeyPatch)
     opt.step()
     assert calls == ["SGD"] and opt.step_was_skipped
     assert torch.equal(after, model.weight.detach())
+
+
+def test_one_precision_object_per_run_and_an_adapter_supplies_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Accelerator, its optimizers and `backward` share one `Precision`; an adapter's subclass is the one used."""
+    from accel.precision import Precision
+
+    calls: list[str] = []
+
+    class Recorded(Precision):
+        def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+            calls.append("scale_loss")
+            return super().scale_loss(loss)
+
+        def step(self, optimizer, closure=None):
+            calls.append("step")
+            return super().step(optimizer, closure)
+
+    monkeypatch.setattr(CPUAdapter, "precision_class", Recorded, raising=False)
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert isinstance(accelerator.precision, Recorded) and opt.precision is accelerator.precision
+    accelerator.backward(model(torch.ones(1, 2)).sum())
+    opt.step()
+    assert calls == ["scale_loss", "step"]

@@ -40,7 +40,7 @@ from .kwargs import (
     check_positive_int,
 )
 from .optimizer import AcceleratedOptimizer
-from .precision import remove_autocast_wrapper
+from .precision import Precision, remove_autocast_wrapper
 from .prepare import PrepareContext
 from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects
 from .prepared import Prepared, RunContext
@@ -208,14 +208,16 @@ class Accelerator(AcceleratorCompatMixin):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         # Copied from rank 0 at every iteration of a prepared loader (accel.rng), as in the peer library.
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
-        # A strategy whose engine scales the fp16 loss itself must not get a second scaler.
-        self.scaler = (
-            None
-            if self.strategy.owns_loss_scaling
-            else self.adapter.make_grad_scaler(
-                self.mixed_precision, **(self.scaler_handler.to_kwargs() if self.scaler_handler else {})
-            )
+        # One precision object for the run; a strategy whose engine scales the fp16 loss itself
+        # must not get a second scaler.
+        self.precision = Precision.for_run(
+            self.mixed_precision,
+            self.adapter,
+            loss_scaling=not self.strategy.owns_loss_scaling,
+            scaler_kwargs=self.scaler_handler.to_kwargs() if self.scaler_handler else None,
+            autocast_kwargs=_autocast_kwargs(self.autocast_handler),
         )
+        self.scaler = self.precision.scaler
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -528,7 +530,11 @@ class Accelerator(AcceleratorCompatMixin):
         if optimizer is not from_strategy:
             self._follow_replaced_optimizer(original, optimizer)
         wrapped = AcceleratedOptimizer(
-            optimizer, device_placement=device_placement, scaler=self.scaler, adapter=self.adapter, device=self.device
+            optimizer,
+            device_placement=device_placement,
+            adapter=self.adapter,
+            device=self.device,
+            precision=self.precision,
         )
         self._optimizers.append(wrapped)
         return wrapped
@@ -638,8 +644,7 @@ class Accelerator(AcceleratorCompatMixin):
         """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
         if self.gradient_state.num_steps > 1 and self.strategy.scales_loss_for_accumulation:
             loss = loss / self.gradient_state.num_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
+        loss = self.precision.scale_loss(loss)
         if not self.strategy.backward(loss, sync=self.gradient_state.sync_gradients, **kwargs):
             self.adapter.backward(loss, **kwargs)
         self.adapter.after_backward()
@@ -722,7 +727,7 @@ class Accelerator(AcceleratorCompatMixin):
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
         """Run the block under the Accelerator's mixed precision."""
-        with self.adapter.autocast(self.mixed_precision, **_autocast_kwargs(autocast_handler or self.autocast_handler)):
+        with self.precision.forward_context(_autocast_kwargs(autocast_handler or self.autocast_handler)):
             yield
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -734,7 +739,7 @@ class Accelerator(AcceleratorCompatMixin):
         )
         for opt in optimizers:
             inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
-            self.scaler.unscale_(inner)
+            self.precision.unscale_(inner)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm; returns the norm before clipping."""

@@ -31,6 +31,7 @@ from .adapter_options import AdapterOptions
 from .distributed_type import DistributedType
 
 if TYPE_CHECKING:
+    from .precision import Precision
     from .prepare import PrepareContext
 
 ADAPTER_API_VERSION = 2
@@ -257,6 +258,10 @@ class Adapter:
         self._forward("manual_seed", seed)
 
     # ---- precision ----------------------------------------------------------------------
+    precision_class: ClassVar[type[Precision] | None] = None
+    """The run's precision object (`accel.precision.Precision` or a subclass: an fp8 recipe, a
+    vendor scaler); None: the core's, built from `autocast`, `make_grad_scaler` and `optimizer_step`."""
+
     def supports_precision(self, precision: str) -> bool:
         return precision in self.capabilities.precisions
 

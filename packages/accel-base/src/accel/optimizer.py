@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .precision import Precision
 from .state import GradientState
 from .tree import send_to_device
 
@@ -27,20 +28,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         *,
         adapter: Any = None,
         device: torch.device | None = None,
+        precision: Precision | None = None,
     ) -> None:
         # No super().__init__: this object is a view on `optimizer`, sharing its param_groups
         # and state, so code that reads them (schedulers, loggers) sees the real ones.
         self.optimizer = optimizer
-        self.scaler = scaler
+        # The run's precision steps it (Accelerate's signature, `scaler=`, still builds one).
+        if precision is None:
+            precision = Precision("fp16" if scaler is not None else "no", adapter, scaler=scaler)
+        self.precision = precision
+        self.scaler = precision.scaler
         self.adapter = adapter
         self.gradient_state = GradientState()
         self.device_placement = device_placement
         self._scale_before: torch.Tensor | None = None
         self._accelerate_step_called = False
-        from .adapter import Adapter
-
-        # Whether the adapter replaces the optimizer step (then fp16 steps go through it too).
-        self._vendor_step = adapter is not None and type(adapter).optimizer_step is not Adapter.optimizer_step
         if device_placement and device is not None and optimizer.state:
             state = optimizer.state_dict()
             optimizer.load_state_dict(send_to_device(state, device))
@@ -96,49 +98,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return None
         self._accelerate_step_called = True
-        if self.scaler is not None:
-            # Compared lazily in `step_was_skipped`: reading the scale here would
-            # synchronise with the device on every step.
-            scale = self.scaler._scale
-            self._scale_before = scale.clone() if scale is not None else None
-            result = self._scaled_step(closure)
-            self.scaler.update()
-        elif self.adapter is not None:
-            result = self.adapter.optimizer_step(self.optimizer, closure)
-        else:
-            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        result, self._scale_before = self.precision.step(self.optimizer, closure)
         if self.adapter is not None:
             self.adapter.after_optimizer_step()
         return result
 
-    def _scaled_step(self, closure: Any) -> Any:
-        """The grad scaler's step; it calls `optimizer.step()` only when gradients are finite.
-
-        An adapter with its own optimizer step (a vendor's fused update) gets that call: the
-        optimizer's `step` is routed to `adapter.optimizer_step` for the duration of the
-        scaler's step, so fp16 loss scaling and a vendor step compose.
-        """
-        optimizer, scaler = self.optimizer, self.scaler
-        if not self._vendor_step:
-            return scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
-        own = optimizer.__dict__.get("step", _NOT_SET)  # e.g. a scheduler's step-tracking wrapper
-
-        def vendor_step(*args: Any, **kwargs: Any) -> Any:
-            _restore_step(optimizer, own)
-            return self.adapter.optimizer_step(optimizer, closure)
-
-        optimizer.step = vendor_step  # type: ignore[method-assign]
-        try:
-            return scaler.step(optimizer)
-        finally:
-            _restore_step(optimizer, own)
-
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last `step()` was skipped because gradients overflowed (fp16)."""
-        if self.scaler is None or self._scale_before is None or self.scaler._scale is None:
-            return False
-        return bool((self.scaler._scale < self._scale_before).item())
+        return self.precision.step_was_skipped(self._scale_before)
 
     @property
     def is_overflow(self) -> bool:
@@ -152,13 +120,3 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
-
-
-_NOT_SET = object()
-
-
-def _restore_step(optimizer: torch.optim.Optimizer, own: Any) -> None:
-    if own is _NOT_SET:
-        optimizer.__dict__.pop("step", None)
-    else:
-        optimizer.step = own  # type: ignore[method-assign]

@@ -69,3 +69,106 @@ def remove_autocast_wrapper(model: torch.nn.Module) -> None:
     original = model.__dict__.pop("_original_forward", None)
     if original is not None:
         model.forward = original  # type: ignore[method-assign]
+
+
+_NOT_SET = object()
+
+
+class Precision:
+    """The run's mixed precision, one object per Accelerator: the forward context, the fp16 loss
+    scaling, unscaling, and the optimizer step (through the scaler and the adapter's own step).
+
+    Built by `Precision.for_run` from the adapter's precision hooks (`autocast`,
+    `make_grad_scaler`, `optimizer_step`); an adapter with its own precision (an fp8 recipe, a
+    vendor scaler) subclasses it and names the subclass in `Adapter.precision_class`. Module
+    conversion stays the adapter's `apply_precision` step of `prepare_model`.
+    """
+
+    def __init__(
+        self, mode: str, adapter: Any, *, scaler: Any = None, autocast_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        self.mode = mode
+        self.adapter = adapter
+        self.scaler = scaler
+        """The fp16 grad scaler (None: no loss scaling, or the strategy's engine scales)."""
+        self.autocast_kwargs = dict(autocast_kwargs or {})
+        from .adapter import Adapter
+
+        # Whether the adapter replaces the optimizer step (fp16 steps then go through it too).
+        self.vendor_step = adapter is not None and type(adapter).optimizer_step is not Adapter.optimizer_step
+
+    @classmethod
+    def for_run(
+        cls,
+        mode: str,
+        adapter: Any,
+        *,
+        loss_scaling: bool = True,
+        scaler_kwargs: dict[str, Any] | None = None,
+        autocast_kwargs: dict[str, Any] | None = None,
+    ) -> Precision:
+        """The precision of a run on `adapter`; `loss_scaling=False` when a strategy's engine scales itself."""
+        kind = getattr(adapter, "precision_class", None) or cls
+        scaler = adapter.make_grad_scaler(mode, **(scaler_kwargs or {})) if loss_scaling else None
+        return kind(mode, adapter, scaler=scaler, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
+
+    def forward_context(self, autocast_kwargs: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+        """The context a forward runs in (the adapter's autocast for bf16/fp16; a null context otherwise)."""
+        kwargs = self.autocast_kwargs if autocast_kwargs is None else autocast_kwargs
+        return self.adapter.autocast(self.mode, **kwargs)  # type: ignore[no-any-return]
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to run backward on (multiplied by the fp16 scale)."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients `optimizer` holds by the loss scale (once per step; no-op without a scaler)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> tuple[Any, torch.Tensor | None]:
+        """One optimizer step; returns (its result, the loss scale before it, or None without a scaler).
+
+        Under fp16 the scaler steps (skipping on inf/nan gradients) and updates its scale; an
+        adapter's own `optimizer_step` (a vendor's fused update) runs inside the scaler's step,
+        so loss scaling and a vendor step compose. The scale is not read here: comparing it
+        (`step_was_skipped`) would synchronise with the device on every step.
+        """
+        if self.scaler is None:
+            if self.adapter is not None:
+                return self.adapter.optimizer_step(optimizer, closure), None
+            return (optimizer.step(closure) if closure is not None else optimizer.step()), None
+        scale = self.scaler._scale
+        before = scale.clone() if scale is not None else None
+        result = self._scaled_step(optimizer, closure)
+        self.scaler.update()
+        return result, before
+
+    def _scaled_step(self, optimizer: torch.optim.Optimizer, closure: Any) -> Any:
+        scaler = self.scaler
+        if not self.vendor_step:
+            return scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+        own = optimizer.__dict__.get("step", _NOT_SET)  # e.g. a scheduler's step-tracking wrapper
+
+        def vendor_step(*args: Any, **kwargs: Any) -> Any:
+            _restore_step(optimizer, own)
+            return self.adapter.optimizer_step(optimizer, closure)
+
+        optimizer.step = vendor_step  # type: ignore[method-assign]
+        try:
+            return scaler.step(optimizer)
+        finally:
+            _restore_step(optimizer, own)
+
+    def step_was_skipped(self, scale_before: torch.Tensor | None) -> bool:
+        """Whether the step that started at `scale_before` was skipped (the scaler lowered its scale)."""
+        if self.scaler is None or scale_before is None or self.scaler._scale is None:
+            return False
+        return bool((self.scaler._scale < scale_before).item())
+
+
+def _restore_step(optimizer: torch.optim.Optimizer, own: Any) -> None:
+    if own is _NOT_SET:
+        optimizer.__dict__.pop("step", None)
+    else:
+        optimizer.step = own  # type: ignore[method-assign]
