@@ -206,7 +206,7 @@ def test_plugin_selects_the_strategy_and_alias() -> None:
     ("kwargs", "message"),
     [
         ({"fsdp_version": 1}, "fsdp_version=1 is not supported"),
-        ({"state_dict_type": "LOCAL_STATE_DICT"}, "state_dict_type must be one of"),
+        ({"state_dict_type": "LOCAL_STATE_DICT"}, "FSDP2 does not support LOCAL_STATE_DICT"),
         ({"auto_wrap_policy": "everything"}, "auto_wrap_policy must be one of"),
         ({"min_num_params": -1}, "min_num_params must be >= 0"),
     ],

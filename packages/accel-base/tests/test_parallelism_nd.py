@@ -150,7 +150,26 @@ def run(name, pc, fsdp, out):
     assert sorted(got.tolist()) == data.tolist(), (name, got.tolist())
     acc.print(f"OK {name}")
 
+def ram_efficient_loading(out):
+    # Rank 1 builds different weights; with cpu_ram_efficient_loading every rank trains rank 0's.
+    AcceleratorState._reset_state(); GradientState._reset_state()
+    acc = Accelerator(fsdp_plugin=FSDPConfig(cpu_ram_efficient_loading=True))
+    torch.manual_seed(acc.process_index)
+    model = Net()
+    expected = copy.deepcopy(model.state_dict())  # rank 0's weights on rank 0
+    model, opt = acc.prepare(model, make_opt(model.parameters()))
+    state = acc.get_state_dict(model)
+    if acc.is_main_process:
+        assert all(torch.equal(state[k], v) for k, v in expected.items())
+    local = model.embed.weight.to_local()
+    torch.manual_seed(0)
+    assert torch.equal(local, Net().embed.weight[acc.process_index * 8 : (acc.process_index + 1) * 8])
+    acc.print("OK ram")
+
 out = Path(sys.argv[1])
+if "ram" in sys.argv:
+    ram_efficient_loading(out)
+    sys.argv.remove("ram")
 layouts = {
     "tp2": (ParallelismConfig(tp_size=2), {}),
     "fsdp2": (ParallelismConfig(dp_shard_size=2), {}),
@@ -163,8 +182,8 @@ for name in sys.argv[2:]:
 
 
 def test_tp_and_fsdp_on_two_processes(write_script, tmp_path):
-    proc = launch(write_script(WORKER), str(tmp_path), "tp2", "fsdp2", timeout=300)
-    assert "OK tp2" in proc.stdout and "OK fsdp2" in proc.stdout, proc.stdout
+    proc = launch(write_script(WORKER), str(tmp_path), "ram", "tp2", "fsdp2", timeout=300)
+    assert "OK tp2" in proc.stdout and "OK fsdp2" in proc.stdout and "OK ram" in proc.stdout, proc.stdout
 
 
 def test_hsdp_and_fsdp_x_tp_on_four_processes(write_script, tmp_path):
@@ -219,3 +238,28 @@ def _cpu_capabilities() -> Capabilities:
     caps = CPUAdapter.capabilities
     assert "cp" not in caps.parallelism and {"tp", "hsdp"} <= caps.parallelism
     return caps
+
+
+# ---- Accelerate's FSDP plugin fields on FSDP2 ---------------------------------------------------
+def test_fsdp_plugin_fields_are_mapped_or_refused():
+    from accel import FullyShardedDataParallelPlugin as Plugin
+
+    assert Plugin(sharding_strategy="SHARD_GRAD_OP").reshard_after_forward is False
+    assert Plugin(sharding_strategy=1).reshard_after_forward is True
+    assert Plugin(reshard_after_forward="false").reshard_after_forward is False
+    assert Plugin(min_num_params=None).min_num_params == 0
+    with pytest.warns(UserWarning, match="backward_prefetch is not supported in FSDP2"):
+        assert Plugin(backward_prefetch="BACKWARD_PRE").backward_prefetch is None
+    refusals = [
+        ({"sharding_strategy": "HYBRID_SHARD"}, "dp_replicate_size"),
+        ({"sharding_strategy": "NO_SHARD"}, "strategy='ddp'"),
+        ({"reshard_after_forward": "FULL_SHARD"}, "please set to a `bool`"),
+        ({"forward_prefetch": True}, "forward_prefetch is not yet implemented in FSDP2"),
+        ({"state_dict_type": "LOCAL_STATE_DICT"}, "FSDP2 does not support LOCAL_STATE_DICT"),
+        ({"param_init_fn": lambda m: None}, "cpu_ram_efficient_loading=True"),
+        ({"activation_checkpointing_offload": True}, "activation_checkpointing="),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError) as err:
+            Plugin(**kwargs)
+        assert message in str(err.value), (kwargs, str(err.value))

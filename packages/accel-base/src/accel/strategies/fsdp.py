@@ -8,6 +8,8 @@ Checkpointing lives in `fsdp_checkpoint.py`.
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,13 @@ if TYPE_CHECKING:
     from ..prepared import Prepared, RunContext
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+_SHARDING_BY_NUMBER = {
+    "1": "FULL_SHARD",
+    "2": "SHARD_GRAD_OP",
+    "3": "NO_SHARD",
+    "4": "HYBRID_SHARD",
+    "5": "_HYBRID_SHARD_ZERO2",
+}
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Prefix that activation checkpointing inserts into parameter names.
@@ -58,10 +67,10 @@ class FSDPConfig:
     transformer_cls_names_to_wrap: Sequence[str | type[nn.Module]] | None = None
     """Module classes (or class names) wrapped by "transformer_based_wrap"; default: the
     model's `_no_split_modules`."""
-    min_num_params: int = 0
+    min_num_params: int | None = 0
     """Parameter count at which "size_based_wrap" makes a subtree its own unit. Smaller
     units mean lower peak memory and more, smaller collectives."""
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | str = True
     """Free the gathered parameters after forward; costs a second all-gather in backward.
     False keeps them until backward (more memory, less communication)."""
     mixed_precision_policy: Any = None
@@ -84,6 +93,33 @@ class FSDPConfig:
     less memory for roughly one extra forward."""
     extra_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed through to every `fully_shard` call (e.g. `shard_placement_fn`)."""
+    sharding_strategy: Any = None
+    """FSDP1's name, deprecated upstream: "FULL_SHARD" (1) means `reshard_after_forward=True`,
+    "SHARD_GRAD_OP" (2) `False`; "NO_SHARD" is the ddp strategy and "HYBRID_SHARD" is
+    `ParallelismConfig(dp_replicate_size=..., dp_shard_size=...)` (both refused, saying so)."""
+    backward_prefetch: Any = None
+    """FSDP1 only: FSDP2 always prefetches the next unit in backward (ignored with a warning)."""
+    forward_prefetch: Any = None
+    """FSDP1 only: refused, as the peer library does under FSDP2."""
+    ignored_modules: Any = None
+    """Modules (or a regex of module names) whose parameters FSDP2 leaves unsharded (`ignored_params`)."""
+    state_dict_config: Any = None
+    """FSDP1 only: `state_dict_type` decides what is written (ignored with a warning)."""
+    optim_state_dict_config: Any = None
+    """FSDP1 only, as `state_dict_config`."""
+    limit_all_gathers: bool = True
+    """FSDP1 only: FSDP2 always limits in-flight all-gathers."""
+    use_orig_params: bool | None = None
+    """FSDP1 only: FSDP2 always trains the original parameters (ignored with a warning)."""
+    param_init_fn: Any = None
+    """FSDP1 only: refused; FSDP2 builds ranks > 0 from rank 0's weights with `cpu_ram_efficient_loading=True`."""
+    sync_module_states: bool | None = None
+    """FSDP1 only: use `cpu_ram_efficient_loading=True` to start every rank from rank 0's weights."""
+    activation_checkpointing_offload: bool = False
+    """Not supported on FSDP2 in accel: refused when True (use `activation_checkpointing` or `cpu_offload`)."""
+    cpu_ram_efficient_loading: bool = False
+    """Rank 0's weights are the run's: other ranks drop theirs to the meta device before sharding and
+    receive their shards from rank 0 (their host memory never holds a second full copy after `prepare`)."""
     parallelism_config: Any = None
     """accel's link to an `accel.ParallelismConfig` (what `Accelerator(parallelism_config=...)` sets):
     the N-D mesh to shard over (HSDP, FSDP2 x TP). None: one dimension of every process."""
@@ -94,16 +130,77 @@ class FSDPConfig:
                 f"fsdp_version={self.fsdp_version} is not supported: accel implements FSDP2 only. "
                 "Use fsdp_version=2 (FSDP1 is deprecated in PyTorch)."
             )
+        self._fsdp1_options()
         self.set_state_dict_type(self.state_dict_type)
         policy = self.auto_wrap_policy
         if isinstance(policy, str) and policy.lower() not in WRAP_POLICIES:
             raise ValueError(f"auto_wrap_policy must be one of {WRAP_POLICIES}, a callable or None; got {policy!r}.")
+        if self.min_num_params is None:
+            self.min_num_params = 0
         if self.min_num_params < 0:
             raise ValueError(f"min_num_params must be >= 0, got {self.min_num_params}.")
 
-    def set_state_dict_type(self, state_dict_type: str | None = None) -> None:
+    def _fsdp1_options(self) -> None:
+        """Map or refuse the peer library's FSDP1 options, naming the FSDP2 way."""
+        notes = []
+        if self.sharding_strategy is not None:
+            name = getattr(self.sharding_strategy, "name", str(self.sharding_strategy)).upper()
+            name = _SHARDING_BY_NUMBER.get(name, name)
+            if name == "NO_SHARD":
+                raise ValueError("sharding_strategy='NO_SHARD' is plain data parallelism: use strategy='ddp'.")
+            if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+                raise ValueError(
+                    f"sharding_strategy={name!r} is hybrid sharding: pass Accelerator(parallelism_config="
+                    "ParallelismConfig(dp_replicate_size=<replicas>, dp_shard_size=<shards>)) instead."
+                )
+            if name not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+                raise ValueError(f"Unknown sharding_strategy {self.sharding_strategy!r}.")
+            self.reshard_after_forward = name == "FULL_SHARD"
+            notes.append("sharding_strategy is deprecated in favor of reshard_after_forward.")
+        if isinstance(self.reshard_after_forward, str):
+            value = self.reshard_after_forward.strip().lower()
+            if value not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(
+                    f"reshard_after_forward set to {self.reshard_after_forward}. This is not supported with FSDP2, "
+                    "please set to a `bool`"
+                )
+            self.reshard_after_forward = value in ("true", "1", "yes")
+        if self.forward_prefetch is not None and self.forward_prefetch is not False:
+            raise ValueError("forward_prefetch is not yet implemented in FSDP2, set to None or use `fsdp_version=1`")
+        if self.param_init_fn is not None:
+            raise ValueError(
+                "param_init_fn is FSDP1's; with FSDP2 build the model on every rank (or on the meta device) and set "
+                "cpu_ram_efficient_loading=True to take rank 0's weights."
+            )
+        if self.activation_checkpointing_offload:
+            raise ValueError(
+                "activation_checkpointing_offload is not supported on FSDP2 by accel; use activation_checkpointing="
+                "True (recompute activations) or cpu_offload=True (offload parameters and optimizer state)."
+            )
+        if self.backward_prefetch is not None:
+            notes.append("backward_prefetch is not supported in FSDP2 (it prefetches one unit ahead); ignored.")
+            self.backward_prefetch = None
+        if self.use_orig_params is not None:
+            notes.append("use_orig_params is obsolete in FSDP2, as FSDP2 always uses the original parameters.")
+        if self.sync_module_states is not None:
+            notes.append("sync_module_states is obsolete in FSDP2; use cpu_ram_efficient_loading=True.")
+        if self.state_dict_config is not None or self.optim_state_dict_config is not None:
+            notes.append("state_dict_config/optim_state_dict_config are FSDP1's; state_dict_type decides.")
+        if not isinstance(self.cpu_offload, bool):
+            # FSDP1's CPUOffload(offload_params=...) or FSDP2's CPUOffloadPolicy.
+            self.cpu_offload = bool(getattr(self.cpu_offload, "offload_params", True))
+        if notes:
+            warnings.warn("FSDP2: " + " ".join(notes), UserWarning, stacklevel=4)
+
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """Change how `save_state` writes the model ("FULL_STATE_DICT" or "SHARDED_STATE_DICT")."""
-        value = (state_dict_type or "FULL_STATE_DICT").upper()
+        value = str(getattr(state_dict_type, "name", state_dict_type) or "FULL_STATE_DICT").upper()
+        if value in ("LOCAL_STATE_DICT", "3"):
+            raise ValueError(
+                "FSDP2 does not support LOCAL_STATE_DICT. "
+                "Please set `fsdp_state_dict_type` to `SHARDED_STATE_DICT` or `FULL_STATE_DICT`."
+            )
+        value = {"1": "FULL_STATE_DICT", "2": "SHARDED_STATE_DICT"}.get(value, value)
         if value not in STATE_DICT_TYPES:
             raise ValueError(f"state_dict_type must be one of {STATE_DICT_TYPES}, got {state_dict_type!r}.")
         self.state_dict_type = value
@@ -277,7 +374,10 @@ class FSDP2Strategy(Strategy):
         targets = wrap_targets(model, config)
         if config.activation_checkpointing:
             targets = _apply_activation_checkpointing(model, targets)
+        rank0_state = _drop_non_main_weights(model) if config.cpu_ram_efficient_loading else None
+        ignored = _ignored_params(model, config.ignored_modules)
         kwargs = {
+            **({"ignored_params": ignored} if ignored else {}),
             "mesh": shard_mesh,
             "reshard_after_forward": config.reshard_after_forward,
             "mp_policy": config.mp_policy(ctx.mixed_precision),
@@ -289,6 +389,8 @@ class FSDP2Strategy(Strategy):
         # The root keeps whatever no unit claimed; it is never resharded after forward since
         # backward needs it at once.
         fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+        if config.cpu_ram_efficient_loading:
+            _load_from_main(model, rank0_state, ctx.device)
         self._record_replaced(model, before)
         return model
 
@@ -419,6 +521,41 @@ def _build_nd_mesh(pc: ParallelismConfig) -> DeviceMesh | None:
             "(no fsdp_plugin) instead, or set dp_shard_size > 1 to shard the model."
         )
     return pc.get_device_mesh(state.device.type)
+
+
+def _ignored_params(model: nn.Module, ignored: Any) -> set[nn.Parameter]:
+    """Parameters of `ignored_modules` (modules, or a regex matched against module names)."""
+    if ignored is None:
+        return set()
+    if isinstance(ignored, str):
+        pattern = re.compile(ignored)
+        modules = [m for n, m in model.named_modules() if pattern.fullmatch(n)]
+    else:
+        modules = list(ignored)
+    return {p for m in modules for p in m.parameters()}
+
+
+def _drop_non_main_weights(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """Rank 0 keeps a copy of its full state dict; other ranks move their weights to the meta device."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.to("meta")
+    return None
+
+
+def _load_from_main(model: nn.Module, rank0_state: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+    """Materialise the shards of every rank and fill them with rank 0's weights (broadcast)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if rank0_state is None:
+        model.to_empty(device=device)
+    set_model_state_dict(
+        model,
+        rank0_state or {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
 
 
 def _clip_mixed_meshes(grads: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
