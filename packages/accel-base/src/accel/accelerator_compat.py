@@ -3,7 +3,7 @@
 Properties that read the configuration under the peer library's names (`native_amp`,
 `dispatch_batches`, `use_seedable_sampler`, the fp8 and profile handlers, ...),
 `trigger_sync_in_backward`, `profile`, and the members for features accel does not have
-(context parallelism, LOMO), which say so when used.
+(LOMO, DeepSpeed sequence parallelism), which say so when used.
 """
 
 from __future__ import annotations
@@ -224,14 +224,29 @@ class AcceleratorCompatMixin:
         buffer_seq_dims: list[int] | None = None,
         no_restore_buffers: Any = None,
     ) -> Iterator[None]:
-        """Does nothing (with a warning), as in the peer library when context parallelism is not enabled:
-        accel has no context parallelism."""
-        warnings.warn(
-            "Context parallel training is not enabled (accel has no context parallelism): maybe_context_parallel "
-            "has no effect.",
-            stacklevel=3,
-        )
-        yield
+        """Split `buffers` along `buffer_seq_dims` over the `cp` mesh dimension for the block (torch's
+        `context_parallel`, on adapters that claim "cp" with `ParallelismConfig(cp_size>1)`); recreate it every
+        step. Without context parallelism it does nothing (with a warning), as in the peer library."""
+        pc = self.parallelism_config
+        if pc is None or not pc.cp_enabled:
+            warnings.warn(
+                "Context parallel training is not enabled. This context manager will have no effect. To enable it, "
+                "set `parallelism_config.cp_size` > 1 in the `Accelerator` constructor.",
+                stacklevel=3,
+            )
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(pc.cp_handler.cp_comm_strategy)
+        with context_parallel(
+            self.torch_device_mesh["cp"],
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        ):
+            yield
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Not supported: accel does not prepare LOMO optimizers."""

@@ -38,6 +38,7 @@ class CUDAAdapter(Adapter):
         strategies=frozenset({"ddp", "fsdp2", "deepspeed", "megatron"}),
         compile=True,
         multi_process=True,
+        parallelism=frozenset({"tp", "hsdp", "cp"}),
     )
     vendor_module: ClassVar[str] = "accel_cuda.cuda"
     emulated_vendor_module: ClassVar[str] = "accel_cuda.cuda_emulated"

@@ -43,6 +43,7 @@ class GaudiAdapter(Adapter):
         strategies=frozenset({"ddp", "fast_ddp", "fsdp2", "deepspeed"}),
         compile=True,
         multi_process=True,
+        parallelism=frozenset({"tp", "hsdp"}),
     )
     vendor_module: ClassVar[str] = "accel_gaudi.hpu"
     emulated_vendor_module: ClassVar[str] = "accel_gaudi.hpu_emulated"
