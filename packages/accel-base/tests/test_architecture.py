@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 from pathlib import Path
 
-import accel
 import pytest
+
+import accel
 from accel import checkpoint
 from accel.strategies.base import Strategy
 
@@ -89,16 +91,51 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# The core ring (adapter, precision, ops, state, registry, strategies) is gone; four small
-# deferred-import pairs remain in the CLI, data, tracking and Accelerate-compat modules, so
-# this checks the modules of the core's joints only until those are split (issue 15).
-JOINTS = ("accel.adapter", "accel.state", "accel.ops", "accel.precision", "accel.registry", "accel.checkpoint")
-
-
-def test_no_import_cycle_through_the_cores_joints() -> None:
+def _graph() -> dict[str, set[str]]:
     paths = {_module_name(p): p for p in SRC.rglob("*.py")}
-    graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
-    assert [c for c in _cycles(graph) if set(c) & set(JOINTS) or any(m.startswith("accel.strategies") for m in c)] == []
+    return {name: _imports(path, set(paths)) for name, path in paths.items()}
+
+
+# Circles still open, each to be broken where it belongs (then deleted here: the test fails
+# when one listed here is gone, so this list only shrinks):
+# - precision.Precision imports Adapter (to see whether the adapter replaces the optimizer step)
+#   while adapter.apply_precision imports precision.wrap_forward_in_autocast;
+# - accelerate_env builds FSDPConfig from strategies.fsdp, whose _build_nd_mesh imports
+#   state.PartialState, and state imports accelerate_env (FSDPConfig belongs in a leaf module,
+#   as DeepSpeedPlugin is in strategies.deepspeed_config).
+KNOWN_CYCLES = {
+    "accel.adapter <-> accel.precision",
+    "accel.accelerate_env <-> accel.state <-> accel.strategies.fsdp",
+}
+
+
+def test_no_import_cycle_in_accel_base() -> None:
+    # A function-local import counts: deferring an import hides a circle, it does not remove it.
+    # Move the shared piece to a leaf module or to the lower of the two modules instead.
+    graph = _graph()
+    found = {" <-> ".join(c): {m: sorted(graph[m] & set(c)) for m in c} for c in _cycles(graph)}
+    assert {name: edges for name, edges in found.items() if name not in KNOWN_CYCLES} == {}
+    assert KNOWN_CYCLES - set(found) == set(), "a listed circle is gone: delete it from KNOWN_CYCLES"
+
+
+def test_the_import_graph_counts_function_local_imports_but_not_type_checking_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import H\n\ndef f():\n    from . import leaf\n"
+    )
+    (package / "high.py").write_text("from .low import f\n")
+    (package / "leaf.py").write_text("def g():\n    from pkg import high\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", package)
+    modules = {"pkg", "pkg.low", "pkg.high", "pkg.leaf"}
+    assert _imports(package / "low.py", modules) == {"pkg.leaf"}
+    assert _imports(package / "high.py", modules) == {"pkg.low"}
+    assert _imports(package / "leaf.py", modules) == {"pkg.high"}
+    graph = {m: _imports(package / (m.split(".")[-1] + ".py"), modules) for m in modules - {"pkg"}}
+    assert _cycles(graph) == [["pkg.high", "pkg.leaf", "pkg.low"]]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -16,6 +16,7 @@ import enum
 import warnings
 from typing import Any
 
+from . import utils
 from .errors import AccelError
 
 
@@ -29,17 +30,12 @@ def is_accelerate_object(obj: Any) -> bool:
 
 
 def _accel_class(name: str) -> type | None:
-    import accel
-    import accel.utils
-
-    for module in (accel, accel.utils):
-        try:
-            found = getattr(module, name)
-        except (AttributeError, NotImplementedError):
-            continue
-        if isinstance(found, type):
-            return found
-    return None
+    """accel's class of that name in `accel.utils`, where the peer library keeps its configuration classes."""
+    try:
+        found = getattr(utils, name)
+    except (AttributeError, NotImplementedError):
+        return None
+    return found if isinstance(found, type) else None
 
 
 def _convert_value(value: Any) -> Any:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import ops
-from .data import DataLoaderShard
+from .data_shard import DataLoaderShard
 
 
 @dataclass(frozen=True)

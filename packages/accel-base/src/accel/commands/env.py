@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import sys
 
 from .. import registry
 from ..config_file import ConfigError, default_config_path
+from .requirements import STRATEGY_REQUIRES, installed
 
 # Optional packages accel-base uses when present: (import name, distribution, what needs it, pip requirement).
 OPTIONAL = (
@@ -19,16 +19,6 @@ OPTIONAL = (
     ("tqdm", "tqdm", "progress bars (accel.utils.tqdm)", "tqdm"),
     ("accel_megatron", "accel-megatron", "the megatron strategy", "accel-megatron"),
 )
-
-
-def installed(module: str) -> bool:
-    """Whether `module` can be imported here, without importing it (a bare folder of that name in the
-    working directory, a namespace package, does not count)."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None
 
 
 def version(dist: str) -> str:
@@ -70,8 +60,6 @@ def env_report() -> str:
         lines.append(f"selected: {selected.name}")
     except Exception as exc:  # report, do not fail: this is a diagnostic command
         lines.append(f"selected: error: {exc}")
-    from .launch_resolve import STRATEGY_REQUIRES
-
     lines += ["", "strategies:"]
     for name, rec in sorted(registry.strategy_records().items()):
         if not rec.ok:

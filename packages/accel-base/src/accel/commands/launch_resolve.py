@@ -27,12 +27,7 @@ from .accelerate_flags import (
     MEGATRON_FLAGS,
     given,
 )
-
-# Strategies whose code needs a package accel-base does not depend on: (module, pip requirement).
-STRATEGY_REQUIRES = {
-    "deepspeed": ("deepspeed", "accel-base[deepspeed]"),
-    "megatron": ("megatron.core", "accel-megatron"),
-}
+from .requirements import STRATEGY_REQUIRES, installed
 
 
 def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -157,8 +152,6 @@ def _strategy(args: argparse.Namespace) -> str | None:
     if strategy is not None:
         registry.get_strategy_class(strategy)
         need = STRATEGY_REQUIRES.get(strategy)
-        from .env import installed
-
         if need and not installed(need[0].split(".")[0]):
             raise UsageError(
                 f"the {strategy} strategy needs {need[0]}, which is not installed: pip install '{need[1]}'"
