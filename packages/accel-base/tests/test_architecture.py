@@ -104,7 +104,6 @@ def _graph() -> dict[str, set[str]]:
 #   state.PartialState, and state imports accelerate_env (FSDPConfig belongs in a leaf module,
 #   as DeepSpeedPlugin is in strategies.deepspeed_config).
 KNOWN_CYCLES = {
-    "accel.adapter <-> accel.precision",
     "accel.accelerate_env <-> accel.state <-> accel.strategies.fsdp",
 }
 

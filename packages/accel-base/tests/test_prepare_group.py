@@ -185,3 +185,23 @@ def test_a_setup_that_drops_an_optimizer_is_refused() -> None:
     model = torch.nn.Linear(1, 1)
     with pytest.raises(TypeError, match="as many optimizers and schedulers"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_an_adapter_sees_each_models_optimizers_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PrepareContext.optimizers`: the core's pairing, for vendors that optimize a model with its optimizer."""
+    seen: dict[int, tuple] = {}
+    original = CPUAdapter.prepare_model
+
+    def record(self, model, ctx):
+        seen[id(model)] = ctx.optimizers
+        return original(self, model, ctx)
+
+    monkeypatch.setattr(CPUAdapter, "prepare_model", record)
+    accelerator = Accelerator()
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    accelerator.prepare(opt_b, a, b, opt_a)
+    assert seen == {id(a): (opt_a,), id(b): (opt_b,)}
+    alone = torch.nn.Linear(2, 2)
+    accelerator.prepare(alone)
+    assert seen[id(alone)] == ()

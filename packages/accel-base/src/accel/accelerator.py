@@ -226,6 +226,8 @@ class Accelerator(AcceleratorCompatMixin):
         self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
         # Parameters that preparing a model replaced -> their replacements (optimizers are re-pointed).
         self._parameter_map = ParameterMap()
+        self._paired_optimizers: dict[int, tuple[Any, ...]] = {}
+        self._adapter_repointed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
@@ -403,7 +405,9 @@ class Accelerator(AcceleratorCompatMixin):
         return self.state._partial.on_local_process(function, local_process_index=local_process_index)
 
     # ---- prepare --------------------------------------------------------------------------
-    def _context(self, device_placement: bool, evaluation_mode: bool = False) -> PrepareContext:
+    def _context(
+        self, device_placement: bool, evaluation_mode: bool = False, optimizers: tuple[Any, ...] = ()
+    ) -> PrepareContext:
         return PrepareContext(
             device=self.device,
             device_placement=device_placement,
@@ -419,6 +423,7 @@ class Accelerator(AcceleratorCompatMixin):
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
             adapter_defaults=self._adapter_defaults,
+            optimizers=optimizers,
         )
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -448,14 +453,23 @@ class Accelerator(AcceleratorCompatMixin):
             is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
             is_scheduler=lambda o: o is not None and _prepare_stage(o) == 2,
         )
+        # Each model's optimizers in this call, for adapters that optimize the two together.
+        self._paired_optimizers = {
+            id(objects[i]): tuple(o for o in objects if _holds_parameters_of(o, objects[i]))
+            for i in range(len(objects))
+            if isinstance(objects[i], torch.nn.Module) and not getattr(objects[i], "_is_accel_prepared", False)
+        }
         self.adapter.before_prepare(objects, self._context(self.device_placement))
         # Models and data loaders first: optimizers must see the placed parameters, and
         # schedulers the prepared optimizers (whatever order the user passed them in).
         result: list[Any] = list(objects)
-        for stage in range(3):
-            for i, obj in enumerate(objects):
-                if _prepare_stage(obj) == stage:
-                    result[i] = self._prepare_one(obj, device_placement[i])
+        try:
+            for stage in range(3):
+                for i, obj in enumerate(objects):
+                    if _prepare_stage(obj) == stage:
+                        result[i] = self._prepare_one(obj, device_placement[i])
+        finally:
+            self._paired_optimizers = {}
         self.adapter.after_prepare(result, self._context(self.device_placement))
         for index in groups:
             self._setup_group(index, result)
@@ -504,7 +518,10 @@ class Accelerator(AcceleratorCompatMixin):
             device_placement = self.device_placement
         device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
         before = ParameterMap.snapshot(model)
-        prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode))
+        paired = self._paired_optimizers.get(id(model), ())
+        prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode, paired))
+        if self.adapter.repoints_paired_optimizers:
+            self._adapter_repointed.update(paired)
         self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False))
         self._models.append(prepared)
         return prepared
@@ -521,7 +538,8 @@ class Accelerator(AcceleratorCompatMixin):
             device_placement = self.device_placement
         original = optimizer
         # Onto the parameters that preparing its model created (placement, sharding), once, here.
-        self._parameter_map.repoint(optimizer)
+        if optimizer not in self._adapter_repointed:
+            self._parameter_map.repoint(optimizer)
         # A strategy's own replacement here (version-1 contract) rebuilds its schedulers itself in
         # `prepare_scheduler`; schedulers follow the adapter's replacement and `setup`'s.
         optimizer = self.strategy.prepare_optimizer(optimizer, self._run())
@@ -1007,6 +1025,14 @@ def _is_map_style(loader: Any) -> bool:
     from .data_dispatch import DataLoaderDispatcher
 
     return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
+
+
+def _holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
+    """Whether `obj` is an unprepared optimizer holding a parameter of `model`."""
+    if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_is_accel_prepared", False):
+        return False
+    params = {id(p) for p in model.parameters()}
+    return any(id(p) in params for group in obj.param_groups for p in group["params"])
 
 
 def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:

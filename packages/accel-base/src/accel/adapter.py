@@ -288,6 +288,11 @@ class Adapter:
         raise NotImplementedError(f"adapter {self.name!r} does not support fp8")
 
     # ---- prepare ----------------------------------------------------------------------
+    repoints_paired_optimizers: ClassVar[bool] = False
+    """True when `prepare_model` makes the optimizers in `ctx.optimizers` train the model's new
+    parameters itself (a vendor that optimizes a model together with its optimizer, like
+    `ipex.optimize`); the core then leaves those optimizers as the adapter left them."""
+
     def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
         """Runs once per `prepare` call before anything is placed (e.g. record parameter identities)."""
 
@@ -359,6 +364,10 @@ class Adapter:
 
     def after_backward(self) -> None:
         """Runs after each backward (e.g. a lazy-mode step marker)."""
+
+    def has_own_optimizer_step(self) -> bool:
+        """Whether this adapter replaces `optimizer_step` (then the fp16 scaler steps through it too)."""
+        return type(self).optimizer_step is not Adapter.optimizer_step
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         return optimizer.step(closure) if closure is not None else optimizer.step()

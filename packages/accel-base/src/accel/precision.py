@@ -92,10 +92,8 @@ class Precision:
         self.scaler = scaler
         """The fp16 grad scaler (None: no loss scaling, or the strategy's engine scales)."""
         self.autocast_kwargs = dict(autocast_kwargs or {})
-        from .adapter import Adapter
-
         # Whether the adapter replaces the optimizer step (fp16 steps then go through it too).
-        self.vendor_step = adapter is not None and type(adapter).optimizer_step is not Adapter.optimizer_step
+        self.vendor_step = adapter is not None and adapter.has_own_optimizer_step()
 
     @classmethod
     def for_run(

@@ -53,7 +53,6 @@ class IpexAdapter(Adapter):
 
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
-        self._pending_optimizers: list[torch.optim.Optimizer] = []
         self._optimized: list[torch.optim.Optimizer] = []
 
     # ---- discovery, device and backend ------------------------------------------------------
@@ -134,15 +133,11 @@ class IpexAdapter(Adapter):
         return bool(self.vendor.bf16_prepack_supported())
 
     # ---- prepare ----------------------------------------------------------------------------
-    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
-        # ipex.optimize needs a training model together with its optimizer, but models are
-        # prepared before optimizers: remember this call's optimizers for prepare_model.
-        self._pending_optimizers = [
-            o for o in objects if isinstance(o, torch.optim.Optimizer) and not getattr(o, "_is_accel_prepared", False)
-        ]
+    # ipex.optimize re-points (and re-keys, and fuses) the optimizer it is given.
+    repoints_paired_optimizers = True
 
     def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
-        self._pending_optimizers, self._optimized = [], []
+        self._optimized = []
 
     def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """Placement, `ipex.optimize`, precision, the strategy (not in evaluation mode), compilation.
@@ -195,7 +190,7 @@ class IpexAdapter(Adapter):
             return self.vendor.optimize_for_inference(  # type: ignore[no-any-return]
                 model, dtype=dtype, weights_prepack=prepack, level=level
             )
-        optimizer = self._optimizer_of(model)
+        optimizer = self._optimizer_of(model, ctx)
         if optimizer is None:
             warnings.warn(
                 "The ipex adapter prepares a model in training mode without its optimizer, so ipex.optimize is "
@@ -209,20 +204,16 @@ class IpexAdapter(Adapter):
         )
         return model
 
-    def _optimizer_of(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-        params = {id(p) for p in model.parameters()}
-
-        def holds(o: torch.optim.Optimizer) -> bool:
-            return any(id(p) in params for g in o.param_groups for p in g["params"])
-
-        # IPEX re-points and fuses an optimizer for one model only: a second model sharing it
-        # would train through a step IPEX never prepared for its parameters.
-        if any(holds(o) for o in self._optimized):
+    def _optimizer_of(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.optim.Optimizer | None:
+        # The core pairs them by parameter identity, before anything was prepared: ctx.optimizers
+        # held this model's parameters. IPEX re-points and fuses an optimizer for one model only:
+        # a second model sharing it would train through a step IPEX never prepared for it.
+        if any(o in self._optimized for o in ctx.optimizers):
             raise ValueError(
                 "One optimizer holds parameters of two models in this `prepare` call; ipex.optimize pairs one model "
                 "with one optimizer. Give each model its own optimizer, or wrap the models in one nn.Module."
             )
-        owners = [o for o in self._pending_optimizers if holds(o)]
+        owners = list(ctx.optimizers)
         if len(owners) > 1:
             raise ValueError(
                 f"{len(owners)} optimizers in this `prepare` call hold parameters of the same model; ipex.optimize "
