@@ -244,8 +244,9 @@ def _cpu_capabilities() -> Capabilities:
 def test_fsdp_plugin_fields_are_mapped_or_refused():
     from accel import FullyShardedDataParallelPlugin as Plugin
 
-    assert Plugin(sharding_strategy="SHARD_GRAD_OP").reshard_after_forward is False
-    assert Plugin(sharding_strategy=1).reshard_after_forward is True
+    with pytest.warns(UserWarning, match="sharding_strategy is deprecated in favor of reshard_after_forward"):
+        assert Plugin(sharding_strategy="SHARD_GRAD_OP").reshard_after_forward is False
+        assert Plugin(sharding_strategy=1).reshard_after_forward is True
     assert Plugin(reshard_after_forward="false").reshard_after_forward is False
     assert Plugin(min_num_params=None).min_num_params == 0
     with pytest.warns(UserWarning, match="backward_prefetch is not supported in FSDP2"):
@@ -263,3 +264,37 @@ def test_fsdp_plugin_fields_are_mapped_or_refused():
         with pytest.raises(ValueError) as err:
             Plugin(**kwargs)
         assert message in str(err.value), (kwargs, str(err.value))
+
+
+# ---- launcher settings: flags, config-file keys, environment ---------------------------------------
+def test_launch_flags_and_config_keys_become_worker_environment(monkeypatch):
+    import os
+
+    from accel.accelerate_config import _parallelism
+    from accel.cli import _launch_parser
+    from accel.parallelism_config import launch_env
+
+    for name in ("ACCEL_USE_PARALLELISM_CONFIG", "ACCEL_PARALLELISM_TP_SIZE", "ACCEL_PARALLELISM_DP_SHARD_SIZE"):
+        monkeypatch.setenv(name, "")  # restored (unset) after the test, whatever the parser sets
+        monkeypatch.delenv(name)
+    argv = ["--use_parallelism_config", "--parallelism_config_tp_size", "2", "train.py"]
+    _launch_parser(argv).parse_args(argv)
+    assert os.environ["ACCEL_USE_PARALLELISM_CONFIG"] == "1" and os.environ["ACCEL_PARALLELISM_TP_SIZE"] == "2"
+    # A config file's mapping does not override a flag.
+    _parallelism(
+        "parallelism_config", {"parallelism_config_tp_size": 4, "parallelism_config_dp_shard_size": 2}, {}, {}, []
+    )
+    assert os.environ["ACCEL_PARALLELISM_TP_SIZE"] == "2" and os.environ["ACCEL_PARALLELISM_DP_SHARD_SIZE"] == "2"
+    pc = ParallelismConfig()
+    assert (pc.tp_size, pc.dp_shard_size) == (2, 2)
+    with pytest.raises(ValueError, match="Ulysses sequence parallelism is not supported"):
+        launch_env({"parallelism_config_sp_size": 2})
+
+
+def test_environment_selects_fsdp2_with_a_parallelism_config(monkeypatch):
+    from accel import Accelerator
+
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    acc = Accelerator()
+    assert acc.strategy.name == "fsdp2" and isinstance(acc.parallelism_config, ParallelismConfig)
+    assert acc.torch_device_mesh is None  # one process: nothing to split

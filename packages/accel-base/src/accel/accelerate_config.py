@@ -7,6 +7,7 @@ hold Accelerate's default value (false, "no", empty): such a key asks for nothin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,23 @@ def _dynamo(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], not
         out[dest] = setting
 
 
+def _parallelism(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
+    """Accelerate's `parallelism_config:` mapping: the workers build their `ParallelismConfig` from it (they
+    inherit the launcher's environment; a `--parallelism_config_*` flag wins)."""
+    if not value:
+        return
+    if not isinstance(value, dict):
+        raise SettingError(key, "expected a mapping of parallelism_config_* keys")
+    from .parallelism_config import launch_env
+
+    try:
+        env = launch_env(value)
+    except ValueError as exc:
+        raise SettingError(key, str(exc)) from None
+    for name, setting in env.items():
+        os.environ.setdefault(name, setting)
+
+
 def _strategy_section(dtype: str, translate: Callable[[dict[str, Any]], Any]) -> Handler:
     def handle(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
         if not value:
@@ -172,6 +190,6 @@ _HANDLERS: dict[str, Handler] = {
     "gpu_ids": _refuse_when_set("make only those devices visible with your hardware's visible-devices variable"),
     "enable_cpu_affinity": _refuse_when_set("bind the processes with numactl or taskset around `accel launch`"),
     "fp8_config": _refuse_when_set("choose the fp8 recipe in the script (accel's fp8 kwargs handlers)"),
-    "parallelism_config": _refuse_when_set("build the device mesh in the script (docs/parallelism.md)"),
+    "parallelism_config": _parallelism,
     "mpirun_config": _refuse_when_set("run `mpirun -np N python train.py` yourself (docs/launching.md)"),
 }

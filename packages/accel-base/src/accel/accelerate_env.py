@@ -33,7 +33,11 @@ _DIRECT: dict[str, tuple[str, Callable[[str], str]]] = {
     "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": ("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", str.lower),
 }
 # Boolean ACCELERATE_* that switch an ACCEL_* flag on.
-_FLAGS = {"ACCELERATE_USE_CPU": "ACCEL_USE_CPU", "ACCELERATE_DEBUG_MODE": "ACCEL_DEBUG_MODE"}
+_FLAGS = {
+    "ACCELERATE_USE_CPU": "ACCEL_USE_CPU",
+    "ACCELERATE_DEBUG_MODE": "ACCEL_DEBUG_MODE",
+    "ACCELERATE_USE_PARALLELISM_CONFIG": "ACCEL_USE_PARALLELISM_CONFIG",
+}
 _STRATEGIES = {
     "ACCELERATE_USE_DEEPSPEED": "deepspeed",
     "ACCELERATE_USE_FSDP": "fsdp2",
@@ -53,7 +57,7 @@ _DEEPSPEED_VARS = {
 # Set by `accelerate launch` with nothing to honour: they change no numbers.
 _HARMLESS = {"ACCELERATE_CONFIG_DS_FIELDS", "ACCELERATE_ENABLE_RICH", "ACCELERATE_LOG_LEVEL"}
 # Set to a "no" by `accelerate launch` on every run; only a "yes" would ask for something.
-_OFF_BY_DEFAULT = {"ACCELERATE_USE_SAGEMAKER", "ACCELERATE_USE_PARALLELISM_CONFIG", "ACCELERATE_CPU_AFFINITY"}
+_OFF_BY_DEFAULT = {"ACCELERATE_USE_SAGEMAKER", "ACCELERATE_CPU_AFFINITY"}
 
 _warned = False
 
@@ -165,6 +169,12 @@ def launch_defaults(
     """
     apply_accelerate_env()
     env_strategy = os.environ.get("ACCEL_STRATEGY")
+    if strategy is None and env_strategy is None and not plugin_given:
+        from .parallelism_config import from_environment
+
+        # A launcher's ParallelismConfig (`--use_parallelism_config`) composes on the FSDP2 strategy.
+        if from_environment() is not None:
+            strategy = "fsdp2"
     raw = os.environ.get("ACCEL_STRATEGY_CONFIG")
     if raw and strategy_config is None and not plugin_given and (strategy or env_strategy) == env_strategy:
         strategy_config = strategy_config_from_json(env_strategy, raw)

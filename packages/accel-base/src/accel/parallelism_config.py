@@ -289,3 +289,40 @@ class ParallelismConfig:
 
 _KIND_NAMES = {"tp": "tensor parallelism", "cp": "context parallelism", "hsdp": "hybrid sharding (HSDP)"}
 _KIND_FIELDS = {"tp": "tp_size", "cp": "cp_size", "hsdp": "dp_replicate_size"}
+
+
+# Accelerate's launch flags / config keys (`parallelism_config_<name>`) that accel honours.
+LAUNCH_KEYS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy")
+
+
+def launch_env(settings: dict[str, Any]) -> dict[str, str]:
+    """The worker environment for Accelerate's parallelism launch settings (`--parallelism_config_tp_size 2`,
+    or a config file's `parallelism_config:` mapping): `ACCEL_USE_PARALLELISM_CONFIG=1` and one
+    `ACCEL_PARALLELISM_<NAME>` each.
+
+    Raises:
+        ValueError: a sequence-parallel setting above 1 (DeepSpeed Ulysses is not supported) or an unknown key.
+    """
+    env = {"ACCEL_USE_PARALLELISM_CONFIG": "1"}
+    for key, value in settings.items():
+        name = key.removeprefix("parallelism_config_")
+        if value is None or name == "use_parallelism_config":
+            continue
+        if name.startswith("sp_"):
+            if name == "sp_size" and int(value) > 1:
+                raise ValueError(
+                    f"{key}={value}: DeepSpeed Ulysses sequence parallelism is not supported by accel; use "
+                    "parallelism_config_cp_size on an adapter that supports context parallelism."
+                )
+            continue
+        if name not in LAUNCH_KEYS:
+            raise ValueError(f"Unknown parallelism setting {key!r}; accel knows parallelism_config_{LAUNCH_KEYS}.")
+        env[f"ACCEL_PARALLELISM_{name.upper()}"] = str(value)
+    return env
+
+
+def from_environment() -> ParallelismConfig | None:
+    """A `ParallelismConfig` from the launcher's variables when it asked for one (`ACCEL_USE_PARALLELISM_CONFIG`,
+    or the peer library's `ACCELERATE_USE_PARALLELISM_CONFIG`), else None."""
+    flag = os.environ.get("ACCEL_USE_PARALLELISM_CONFIG", os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", ""))
+    return ParallelismConfig() if flag.strip().lower() in ("1", "true", "yes") else None

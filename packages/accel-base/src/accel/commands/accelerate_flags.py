@@ -10,8 +10,10 @@ and flags accel refuses with a one-line reason. Every flag takes both spellings.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ..parallelism_config import LAUNCH_KEYS, launch_env
 from . import add_flag
 
 DEEPSPEED_FLAGS = (
@@ -116,7 +118,7 @@ FSDP_HELP = {
 
 _PODS = "Accelerate's pod launcher is not supported: run `accel launch --nnodes N` on each host"
 _FP8 = "choose the fp8 recipe in the script (accel's fp8 kwargs handlers) or with your adapter's flags"
-_MESH = "build the device mesh in the script (docs/parallelism.md)"
+_SP = "DeepSpeed Ulysses sequence parallelism is not supported; use --parallelism_config_cp_size (docs/parallelism.md)"
 # Accelerate flag -> (takes a value, what to use instead). Flags named after one vendor's
 # hardware are not listed: the core names no vendor, and the adapter for that hardware
 # declares them (an unknown flag's error says so).
@@ -130,22 +132,9 @@ REFUSED: dict[str, tuple[bool, str]] = {
     "aws_access_key_id": (True, "SageMaker launches are not supported"),
     "aws_secret_access_key": (True, "SageMaker launches are not supported"),
     "mpirun_hostfile": (True, "run `mpirun -np N python train.py` yourself: accel reads MPI ranks (docs/launching.md)"),
-    "use_parallelism_config": (False, _MESH),
     **{
-        f"parallelism_config_{name}": (True, _MESH)
-        for name in (
-            "dp_replicate_size",
-            "dp_shard_size",
-            "tp_size",
-            "cp_size",
-            "cp_backend",
-            "cp_comm_strategy",
-            "sp_size",
-            "sp_backend",
-            "sp_seq_length",
-            "sp_seq_length_is_variable",
-            "sp_attn_implementation",
-        )
+        f"parallelism_config_{name}": (True, _SP)
+        for name in ("sp_size", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
     },
     **{
         f"fp8_{name}": (name != "use_autocast_during_eval", _FP8)
@@ -164,6 +153,19 @@ REFUSED: dict[str, tuple[bool, str]] = {
         )
     },
 }
+
+
+class _ParallelismToEnv(argparse.Action):
+    """A `--parallelism_config_*` flag: the workers get it as `ACCEL_PARALLELISM_*` (they inherit the launcher's
+    environment) and build their `ParallelismConfig` from it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        value = None if values in (None, []) else values
+        try:
+            os.environ.update(launch_env({self.dest: value}))
+        except ValueError as exc:
+            parser.error(str(exc))
+        setattr(namespace, self.dest, True if value is None else value)
 
 
 class _Refuse(argparse.Action):
@@ -204,6 +206,16 @@ def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
         field = name.removeprefix("megatron_lm_").replace("context_parallel_size", "cp_degree")
         add_flag(megatron, name, default=None, metavar="VALUE", help=f"MegatronPlugin.{field}")
 
+    nd = parser.add_argument_group("N-D parallelism (accel.ParallelismConfig; docs/parallelism.md)")
+    add_flag(nd, "use_parallelism_config", action=_ParallelismToEnv, nargs=0, help="build a ParallelismConfig")
+    for name in LAUNCH_KEYS:
+        add_flag(
+            nd,
+            f"parallelism_config_{name}",
+            action=_ParallelismToEnv,
+            metavar="VALUE",
+            help=f"ParallelismConfig.{name}",
+        )
     refused = parser.add_argument_group("refused `accelerate launch` flags (each says what to use instead)")
     for name, (takes_value, instead) in REFUSED.items():
         add_flag(

@@ -324,6 +324,10 @@ class FSDP2Strategy(Strategy):
         # Old parameter (weakly) -> its shard, kept after `prepare` so that an optimizer prepared in a
         # later call is re-pointed too.
         self._replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+        if self.config.parallelism_config is None:
+            from ..parallelism_config import from_environment
+
+            self.config.parallelism_config = from_environment()
         self.parallelism: ParallelismConfig | None = self.config.parallelism_config
         self._own_group: Any = None
         if self.parallelism is not None:
