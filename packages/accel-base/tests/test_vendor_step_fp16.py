@@ -45,6 +45,11 @@ def test_one_precision_object_per_run_and_an_adapter_supplies_its_own(monkeypatc
     calls: list[str] = []
 
     class Recorded(Precision):
+        def convert_module(self, model, ctx):
+            calls.append("convert_module")
+            assert ctx.precision is self
+            return super().convert_module(model, ctx)
+
         def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
             calls.append("scale_loss")
             return super().scale_loss(loss)
@@ -60,4 +65,4 @@ def test_one_precision_object_per_run_and_an_adapter_supplies_its_own(monkeypatc
     assert isinstance(accelerator.precision, Recorded) and opt.precision is accelerator.precision
     accelerator.backward(model(torch.ones(1, 2)).sum())
     opt.step()
-    assert calls == ["scale_loss", "step"]
+    assert calls == ["convert_module", "scale_loss", "step"]

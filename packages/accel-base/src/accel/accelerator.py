@@ -423,6 +423,7 @@ class Accelerator(AcceleratorCompatMixin):
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
             adapter_defaults=self._adapter_defaults,
+            precision=self.precision,
             optimizers=optimizers,
         )
 

@@ -316,14 +316,12 @@ class Adapter:
         return model.to(ctx.device)
 
     def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        from .precision import wrap_forward_in_autocast
+        """The run's precision converts the model (`Precision.convert_module`: fp8 layers, the
+        autocast forward); a vendor precision is a `Precision` subclass in `precision_class`."""
+        from .precision import Precision
 
-        if ctx.mixed_precision == "fp8":
-            model = self.convert_to_fp8(model, ctx)
-        if ctx.mixed_precision in ("bf16", "fp16"):
-            precision, kwargs = ctx.mixed_precision, ctx.autocast_kwargs
-            wrap_forward_in_autocast(model, lambda: self.autocast(precision, **kwargs))
-        return model
+        precision = ctx.precision or Precision.of(self, ctx.mixed_precision, ctx.autocast_kwargs)
+        return precision.convert_module(model, ctx)
 
     def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         return ctx.strategy.wrap_model(model, ctx)

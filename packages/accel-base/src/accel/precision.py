@@ -79,9 +79,10 @@ class Precision:
     scaling, unscaling, and the optimizer step (through the scaler and the adapter's own step).
 
     Built by `Precision.for_run` from the adapter's precision hooks (`autocast`,
-    `make_grad_scaler`, `optimizer_step`); an adapter with its own precision (an fp8 recipe, a
-    vendor scaler) subclasses it and names the subclass in `Adapter.precision_class`. Module
-    conversion stays the adapter's `apply_precision` step of `prepare_model`.
+    `make_grad_scaler`, `optimizer_step`, `convert_to_fp8`); an adapter with its own precision
+    (an fp8 backend and its recipe context, a vendor scaler) subclasses it and names the
+    subclass in `Adapter.precision_class`. `convert_module` is what the adapter's
+    `apply_precision` step of `prepare_model` runs (`PrepareContext.precision`).
     """
 
     def __init__(
@@ -109,6 +110,22 @@ class Precision:
         kind = getattr(adapter, "precision_class", None) or cls
         scaler = adapter.make_grad_scaler(mode, **(scaler_kwargs or {})) if loss_scaling else None
         return kind(mode, adapter, scaler=scaler, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
+
+    @classmethod
+    def of(cls, adapter: Any, mode: str, autocast_kwargs: dict[str, Any] | None = None) -> Precision:
+        """The adapter's precision class for `mode`, without a scaler (module conversion outside a run)."""
+        kind = getattr(adapter, "precision_class", None) or cls
+        return kind(mode, adapter, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
+
+    def convert_module(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        """Make a model run in this precision: fp8 layers (the adapter's `convert_to_fp8`), and a
+        forward under `forward_context` whose half-precision outputs come back as fp32."""
+        if self.mode == "fp8":
+            model = self.adapter.convert_to_fp8(model, ctx)
+        if self.mode in ("bf16", "fp16"):
+            kwargs = ctx.autocast_kwargs
+            wrap_forward_in_autocast(model, lambda: self.forward_context(kwargs))
+        return model
 
     def forward_context(self, autocast_kwargs: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
         """The context a forward runs in (the adapter's autocast for bf16/fp16; a null context otherwise)."""

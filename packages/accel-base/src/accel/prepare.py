@@ -34,6 +34,8 @@ class PrepareContext:
     """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)
     """The Accelerator's kwargs handlers by class, so an adapter can read its own (e.g. an fp8 recipe)."""
+    precision: Any = None
+    """The run's `accel.precision.Precision` (None outside an Accelerator: the adapter builds one)."""
     optimizers: tuple[torch.optim.Optimizer, ...] = ()
     """For a model: the optimizers of the same `prepare` call that hold its parameters, found by the
     core by parameter identity (for vendors that optimize a model together with its optimizer)."""

@@ -6,18 +6,17 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from accel.data import DataLoaderShard
-from accel.precision import wrap_forward_in_autocast
 
 from . import fp8
 from .options import CUDAOptions, TF32Kwargs
+from .precision import CUDAPrecision
 
 if TYPE_CHECKING:
     from accel.prepare import PrepareContext
@@ -33,6 +32,7 @@ class CUDAAdapter(Adapter):
     hardware_device_type: ClassVar[str] = "cuda"
     hardware_backend: ClassVar[str] = "nccl"
     data_parallel_name: ClassVar[str] = "MULTI_GPU"
+    precision_class = CUDAPrecision
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16", "fp16", "fp8"}),
         strategies=frozenset({"ddp", "fsdp2", "deepspeed", "megatron"}),
@@ -100,27 +100,6 @@ class CUDAAdapter(Adapter):
             return False  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
         return super().supports_precision(precision)
 
-    def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        if ctx.mixed_precision != "fp8":
-            return super().apply_precision(model, ctx)
-        model = self.convert_to_fp8(model, ctx)
-        kwargs = ctx.autocast_kwargs
-        # Layers that stay in high precision run in bf16, as under mixed_precision="bf16".
-        contexts: list[Any] = [lambda: self.autocast("bf16", **kwargs)]
-        recipe = getattr(model, "_accel_te_recipe", None)
-        if recipe is not None:
-            te_kwargs = ctx.handler(fp8.TERecipeKwargs) or fp8.TERecipeKwargs()
-            eval_too = te_kwargs.use_autocast_during_eval
-
-            def te_context() -> Any:
-                if model.training or eval_too:
-                    return self.vendor.te_fp8_autocast(recipe)
-                return contextlib.nullcontext()
-
-            contexts.append(te_context)
-        wrap_forward_in_autocast(model, lambda: _enter_all(contexts))
-        return model
-
     def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """Swap Linears for fp8 ones with the backend the handlers name, else whichever is installed.
         Converting twice is a no-op.
@@ -172,11 +151,3 @@ class CUDAAdapter(Adapter):
 
     def describe(self) -> str:
         return f"{super().describe()} pin_memory={self.pins_memory()} non_blocking={self.config.non_blocking}"
-
-
-@contextlib.contextmanager
-def _enter_all(factories: list[Any]) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for make in factories:
-            stack.enter_context(make())
-        yield
