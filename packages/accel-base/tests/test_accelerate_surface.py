@@ -1,4 +1,4 @@
-"""The peer library's surface outside the training loop: logging, launchers, utils, samplers, RNG sync.
+"""Accelerate's surface outside the training loop: logging, launchers, utils, samplers, RNG sync.
 
 Each behaviour is checked against a reference computed another way (torch's own sampler,
 a hand-computed reduction, files the worker processes write).

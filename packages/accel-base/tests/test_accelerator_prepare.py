@@ -176,7 +176,7 @@ x = torch.tensor([[1.0 / 3.0 + 0.001 * rank]])
 m2(x).sum().backward()
 out["fp16_hook_grad"] = lin.weight.grad.item()
 
-# Device-map models are refused in distributed mode, with the seed library's messages.
+# Device-map models are refused in distributed mode, with Accelerate's messages.
 class Mapped(torch.nn.Module):
     def __init__(self, device_map, quantized=False):
         super().__init__()

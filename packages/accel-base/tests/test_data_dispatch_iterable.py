@@ -263,7 +263,7 @@ def test_drop_last_drops_an_incomplete_round_of_full_batches() -> None:
     from torch.utils.data import BatchSampler, SequentialSampler
 
     # 12 samples, batches of 4, 2 ranks: the third batch has no partner; drop_last drops it
-    # (as the peer library does) instead of padding the round.
+    # (as Accelerate does) instead of padding the round.
     for rank, expected in ((0, [[0, 1, 2, 3]]), (1, [[4, 5, 6, 7]])):
         base = BatchSampler(SequentialSampler(range(12)), 4, drop_last=True)
         shard = BatchSamplerShard(base, num_processes=2, process_index=rank)

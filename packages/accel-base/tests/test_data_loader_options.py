@@ -115,7 +115,7 @@ def test_skip_first_batches_needs_a_prepared_loader() -> None:
 
 @pytest.mark.parametrize("stateful", [True, False])
 def test_default_shuffle_resumes_mid_epoch_exactly_in_one_process(stateful: bool) -> None:
-    """The peer library's shuffle (the loader's RandomSampler drawing from the global generator):
+    """Accelerate's shuffle (the loader's RandomSampler drawing from the global generator):
     a loader restored from a mid-epoch state gives the interrupted epoch's order, although the
     global generator has moved on, and leaves the global generator where the resumed run expects it."""
     set_seed(3)

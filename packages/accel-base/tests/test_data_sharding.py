@@ -59,7 +59,7 @@ def test_seedable_sampler_same_seed_same_order_new_epoch_new_order() -> None:
     first = list(a)
     assert first == list(b)
     assert sorted(first) == list(range(50))
-    # A full pass moves on to the next epoch (as the peer library's sampler does).
+    # A full pass moves on to the next epoch (as Accelerate's sampler does).
     assert a.epoch == 1 and list(a) != first
     a.set_epoch(1)
     b.set_epoch(1)

@@ -1,4 +1,4 @@
-"""The peer library's trackers, each against its real package in an offline or local mode (`nox -s trackers`).
+"""Accelerate's trackers, each against its real package in an offline or local mode (`nox -s trackers`).
 
 Each test logs three steps through `Accelerator(log_with=<name>)` and reads them back with
 the tracker's own library or from the files it wrote. A tracker whose package is not

@@ -4,11 +4,11 @@ Train 3 epochs on 2 processes (shuffling, dropout with a different RNG stream pe
 and python/numpy random numbers in the loss,
 AdamW, an LR scheduler, an uneven dataset so the last round is padded), saving mid-epoch
 in epoch 0 and in epoch 1. Then, in new processes, load each checkpoint and train to the
-same end, once the way the peer library documents (`skip_first_batches` over the
+same end, once the way Accelerate documents (`skip_first_batches` over the
 resumed epoch) and once with `DataLoaderConfiguration(use_stateful_dataloader=True)`
 (iteration simply continues). The final weights must be bitwise equal to the
 uninterrupted run's, and so must every later step's loss on every rank. Both shuffling
-modes: the default (the peer library's: a sampler generator synchronised from rank 0 at
+modes: the default (Accelerate's: a sampler generator synchronised from rank 0 at
 every epoch, worker seeds from the global generator) and `use_seedable_sampler=True`.
 """
 

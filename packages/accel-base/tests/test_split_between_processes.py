@@ -1,4 +1,4 @@
-"""`split_between_processes` gives the shares the peer library gives.
+"""`split_between_processes` gives the shares Accelerate gives.
 
 The expected shares below were produced by Accelerate 1.15.0 itself:
 `PartialState(cpu=True).split_between_processes(...)` under `torchrun --nproc-per-node 2`

@@ -67,7 +67,7 @@ def _assert_real_two_process_group(reports: list[dict], launcher: str) -> None:
 
 
 def test_plain_torchrun_runs_distributed_not_one_process_per_rank(write_script, tmp_path: Path) -> None:
-    """The peer library runs each rank alone under plain torchrun on a CPU machine; we must not."""
+    """Accelerate runs each rank alone under plain torchrun on a CPU machine; we must not."""
     script = write_script(STATE_WORKER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     cmd.append(str(tmp_path))

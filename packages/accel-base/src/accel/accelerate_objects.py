@@ -1,4 +1,4 @@
-"""Configuration objects built with the real peer library, passed to accel: converted with a warning, or refused.
+"""Configuration objects built with the real Accelerate, passed to accel: converted with a warning, or refused.
 
 A script that still imports a kwargs handler or plugin from `accelerate.utils` (both
 packages installed) hands accel an object of the other library. Dropping it silently would
@@ -21,16 +21,16 @@ from .errors import AccelError
 
 
 class AccelerateObjectError(AccelError, TypeError):
-    """An object of the real peer library that accel cannot take over faithfully."""
+    """An object of the real Accelerate that accel cannot take over faithfully."""
 
 
 def is_accelerate_object(obj: Any) -> bool:
-    """Whether `obj` was built from the real peer library (not accel, nor accel under its name)."""
+    """Whether `obj` was built from the real Accelerate (not accel, nor accel under its name)."""
     return type(obj).__module__.split(".")[0] == "accelerate"
 
 
 def _accel_class(name: str) -> type | None:
-    """accel's class of that name in `accel.utils`, where the peer library keeps its configuration classes."""
+    """accel's class of that name in `accel.utils`, where Accelerate keeps its configuration classes."""
     try:
         found = getattr(utils, name)
     except (AttributeError, NotImplementedError):
@@ -46,7 +46,7 @@ def _convert_value(value: Any) -> Any:
 
 
 def convert(obj: Any, role: str) -> Any:
-    """accel's equivalent of the peer library's `obj` (returned unchanged if it is not one of those).
+    """accel's equivalent of Accelerate's `obj` (returned unchanged if it is not one of those).
 
     Raises:
         AccelerateObjectError: accel has no class of that name, or the object sets a field
@@ -68,7 +68,7 @@ def convert(obj: Any, role: str) -> Any:
         if not field.init:
             continue
         value = getattr(obj, field.name)
-        # Only what the user set: a field left at the peer library's default takes accel's default.
+        # Only what the user set: a field left at Accelerate's default takes accel's default.
         if value == _default(field):
             continue
         if field.name in accepted:

@@ -1,6 +1,6 @@
 """`Accelerator`: the training loop's API. It orchestrates; the adapter and strategy do the work.
 
-The names and semantics are those of the peer library's `Accelerator`, so a script
+The names and semantics are those of Accelerate's `Accelerator`, so a script
 written for it runs with only the import changed.
 """
 
@@ -120,7 +120,7 @@ class Accelerator(AcceleratorCompatMixin):
         strategy, strategy_config, dynamo_plugin = launch_defaults(
             strategy, strategy_config, any(p is not None for p in plugins), dynamo_backend, dynamo_plugin
         )
-        # Objects built with the real peer library: converted to accel's with a warning, or refused.
+        # Objects built with the real Accelerate: converted to accel's with a warning, or refused.
         (kwargs_handlers, dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin) = (
             convert_accelerator_arguments(
                 {
@@ -206,7 +206,7 @@ class Accelerator(AcceleratorCompatMixin):
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        # Copied from rank 0 at every iteration of a prepared loader (accel.rng), as in the peer library.
+        # Copied from rank 0 at every iteration of a prepared loader (accel.rng), as in Accelerate.
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         # One precision object for the run; a strategy whose engine scales the fp16 loss itself
         # must not get a second scaler.
@@ -512,7 +512,7 @@ class Accelerator(AcceleratorCompatMixin):
         `evaluation_mode=True` prepares for inference only: no strategy wrapper.
 
         Raises:
-            ValueError: for quantized (8-bit/4-bit) or `device_map` models the seed library
+            ValueError: for quantized (8-bit/4-bit) or `device_map` models Accelerate
                 also refuses, with the same messages.
         """
         if device_placement is None:
@@ -709,7 +709,7 @@ class Accelerator(AcceleratorCompatMixin):
         `even_batches` overrides the prepared loaders' setting inside the block (False lets
         ranks see different numbers of batches; loaders of iterable datasets keep theirs, with a
         warning). With one process this does nothing; with models that cannot join (FSDP,
-        DeepSpeed, ...) it warns and does nothing, as the peer library does.
+        DeepSpeed, ...) it warns and does nothing, as Accelerate does.
         """
         if not self.use_distributed:
             yield
@@ -1131,7 +1131,7 @@ def _prepare_stage(obj: Any) -> int:
 def _check_device_map(
     model: torch.nn.Module, device_placement: bool, distributed_type: DistributedType, device: torch.device
 ) -> bool:
-    """The seed library's rules for quantized and `device_map` models; returns the placement to use."""
+    """Accelerate's rules for quantized and `device_map` models; returns the placement to use."""
     device_map = getattr(model, "hf_device_map", None)
     quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
     if quantized and device_map:

@@ -1,6 +1,6 @@
-"""`Accelerator` members of the peer library that sit outside accel's core loop (a base class of `Accelerator`).
+"""`Accelerator` members of Accelerate that sit outside accel's core loop (a base class of `Accelerator`).
 
-Properties that read the configuration under the peer library's names (`native_amp`,
+Properties that read the configuration under Accelerate's names (`native_amp`,
 `dispatch_batches`, `use_seedable_sampler`, the fp8 and profile handlers, ...),
 `trigger_sync_in_backward`, `profile`, and the members for features accel does not have
 (LOMO, DeepSpeed sequence parallelism), which say so when used.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class AcceleratorCompatMixin:
-    """The peer library's `Accelerator` members that are not part of accel's training-loop core."""
+    """Accelerate's `Accelerator` members that are not part of accel's training-loop core."""
 
     state: AcceleratorState
     dataloader_config: DataLoaderConfiguration
@@ -40,7 +40,7 @@ class AcceleratorCompatMixin:
 
     @property
     def multi_device(self) -> bool:
-        """Whether this is a data-parallel run over several accelerator devices (False on CPUs, as in the peer library)."""
+        """Whether this is a data-parallel run over several accelerator devices (False on CPUs, as in Accelerate)."""
         return bool(self.state.use_distributed) and self.state.device.type != "cpu"
 
     @property
@@ -226,7 +226,7 @@ class AcceleratorCompatMixin:
     ) -> Iterator[None]:
         """Split `buffers` along `buffer_seq_dims` over the `cp` mesh dimension for the block (torch's
         `context_parallel`, on adapters that claim "cp" with `ParallelismConfig(cp_size>1)`); recreate it every
-        step. Without context parallelism it does nothing (with a warning), as in the peer library."""
+        step. Without context parallelism it does nothing (with a warning), as in Accelerate."""
         pc = self.parallelism_config
         if pc is None or not pc.cp_enabled:
             warnings.warn(

@@ -1,4 +1,4 @@
-"""Run a script written for the peer library unchanged, with `import accelerate` resolved to accel.
+"""Run a script written for Accelerate unchanged, with `import accelerate` resolved to accel.
 
     python -m accel.as_accelerate train.py --lr 1e-3
     accel launch --num-processes 2 -m accel.as_accelerate train.py
@@ -7,7 +7,7 @@ Inside the script `accelerate` is `accel`, and `accelerate.X` is `accel.X`. A su
 does not have resolves to its closest parent (`accelerate.utils.operations` -> `accel.utils`,
 where accel keeps those names), so `from accelerate.utils.operations import gather` works.
 `accelerate.test_utils` is the exception: when the real package is installed it is loaded
-from there, as the peer library's own test fixtures (they then import accel through the alias).
+from there, as Accelerate's own test fixtures (they then import accel through the alias).
 
 The alias also reaches every child process (torchrun workers, `notebook_launcher`'s processes,
 multiprocessing spawns): the runner puts a one-file `accelerate` package first on
@@ -78,7 +78,7 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 FIXTURE_STUBS: dict[str, set[str]] = {}
-"""Names the peer library's fixtures imported from it that accel lacks, per importing fixture
+"""Names Accelerate's fixtures imported from it that accel lacks, per importing fixture
 module: they got stand-ins (`is_*_available` -> False, anything else raises when used)."""
 
 
@@ -89,7 +89,7 @@ class _Missing:
         self.name = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"accel has no `{self.name}` (a test fixture of the peer library used it)")
+        raise NotImplementedError(f"accel has no `{self.name}` (a test fixture of Accelerate used it)")
 
 
 def _probe_false(*args: Any, **kwargs: Any) -> bool:
@@ -113,7 +113,7 @@ class _FixtureView(ModuleType):
 
 
 class _FixtureLoader(importlib.machinery.SourceFileLoader):
-    """Loads the peer library's test fixtures; names they import from accel that accel lacks get
+    """Loads Accelerate's test fixtures; names they import from accel that accel lacks get
     stand-ins (recorded in `FIXTURE_STUBS`), so fixtures are not the thing that fails."""
 
     def exec_module(self, module: ModuleType) -> None:
@@ -175,7 +175,7 @@ class AccelerateAlias(importlib.abc.MetaPathFinder):
         return spec
 
 
-# The peer library's module paths, for when it is not installed to look them up.
+# Accelerate's module paths, for when it is not installed to look them up.
 _KNOWN_MODULES = frozenset(
     [
         "accelerator",
@@ -220,7 +220,7 @@ _KNOWN_MODULES = frozenset(
 
 
 def _is_accelerate_module(fullname: str) -> bool:
-    """Whether the peer library has a module `fullname` (`accelerate` itself included)."""
+    """Whether Accelerate has a module `fullname` (`accelerate` itself included)."""
     rest = fullname[len("accelerate.") :]
     if fullname == "accelerate" or rest in _KNOWN_MODULES:
         return True

@@ -3,7 +3,7 @@
 `prepare_data_loader` picks how the data is split:
 
 - map-style datasets: a `BatchSamplerShard` deals the user's batches to the ranks
-  (`accel.data_samplers`). Shuffling is the peer library's by default: the loader's
+  (`accel.data_samplers`). Shuffling is Accelerate's by default: the loader's
   `RandomSampler` gets a generator seeded from the global one at prepare time, and rank 0's
   state of it is copied to every rank at the start of every iteration (`rng_types`,
   `accel.rng`), so the same script and seed give the same numbers under both libraries.
@@ -20,7 +20,7 @@ steps; the loader knows how many samples of that round are real (`remainder`) an
 `DataLoaderConfiguration(use_stateful_dataloader=True)` (see `DataLoaderShard.state_dict`).
 Resume is exact under both shuffling modes: a loader records the generator states it
 starts each epoch from and a resumed epoch starts from those, not from where the global
-generator stands at the checkpoint (the peer library redraws there).
+generator stands at the checkpoint (Accelerate redraws there).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def prepare_data_loader(
     stateful: bool | None = None,
     extra_kwargs: dict[str, Any] | None = None,
 ) -> DataLoaderShard:
-    """Build this rank's prepared loader from a user's `DataLoader` (the peer library's signature).
+    """Build this rank's prepared loader from a user's `DataLoader` (Accelerate's signature).
 
     Map-style datasets are sharded by batch sampler (a `BatchSampler` given as `sampler`
     included), iterable ones by rounds of samples (`IterableDatasetShard`); with
@@ -120,7 +120,7 @@ def prepare_data_loader(
         kwargs["prefetch_factor"] = dataloader.prefetch_factor
     # Under the seedable sampler (and when dispatching) the loader draws its worker seeds
     # from a generator of its own, reseeded per epoch; by default it draws them from the
-    # global generator, as the peer library's loaders do.
+    # global generator, as Accelerate's loaders do.
     owns_generator = kwargs["generator"] is None and (use_seedable_sampler or dispatch)
     if owns_generator:
         kwargs["generator"] = torch.Generator()
@@ -232,7 +232,7 @@ def _resolve_seed(data_seed: int | None, seed: int | Callable[[], int] | None) -
         return int(seed())
     if seed is not None:
         return int(seed)
-    # The peer library's default: the seed `set_seed` gave torch; rank 0's, so ranks seeded
+    # Accelerate's default: the seed `set_seed` gave torch; rank 0's, so ranks seeded
     # apart (or not at all) still shuffle alike.
     return int(ops.broadcast_object_list([int(torch.random.initial_seed())])[0])
 
@@ -269,5 +269,5 @@ def _shuffled_batch_sampler(
     return base, sampler.generator
 
 
-# `accel.data.DataLoaderDispatcher` and `accel.data.skip_first_batches`, where the peer library's users look for them.
+# `accel.data.DataLoaderDispatcher` and `accel.data.skip_first_batches`, where Accelerate's users look for them.
 __all__ = ["DataLoaderDispatcher", "DataLoaderShard", "prepare_data_loader", "skip_first_batches"]

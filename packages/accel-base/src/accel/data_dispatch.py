@@ -1,7 +1,7 @@
 """`dispatch_batches`: rank 0 reads every batch and each rank receives its slice.
 
 For data only one process can read (a stream, a remote source, an iterable dataset that
-cannot be sharded), as in the peer library's `DataLoaderDispatcher`:
+cannot be sharded), as in Accelerate's `DataLoaderDispatcher`:
 
 - Rank 0 iterates the user's loader (its own batch size, sampler, collate and workers).
   With `split_batches` one batch is one step; otherwise `num_processes` batches are

@@ -8,7 +8,7 @@ library's `IterableDatasetShard`. The short last round is
 - dropped with `drop_last`,
 - with `even_batches`, filled with the epoch's first samples so every rank gets a full
   batch; `remainder` then says how many samples of that round are real, which is what
-  `gather_for_metrics` keeps (the peer library cannot, since a stream has no length),
+  `gather_for_metrics` keeps (Accelerate cannot, since a stream has no length),
 - otherwise split as it is: some ranks get a short batch or none.
 """
 

@@ -1,4 +1,4 @@
-"""The peer library's `data_loader` module path: prepared loaders, samplers and their helpers.
+"""Accelerate's `data_loader` module path: prepared loaders, samplers and their helpers.
 
 The code lives in `accel.data` (loaders), `accel.data_samplers`, `accel.data_iterable` and
 `accel.data_dispatch`; `from accelerate.data_loader import X` becomes `from accel.data_loader import X`.

@@ -24,10 +24,10 @@ class SeedableRandomSampler(RandomSampler):
     """A random permutation drawn from a seed plus the epoch: identical on every rank.
 
     `set_epoch(e)` selects the permutation; the same (seed, epoch) always gives the same one,
-    and the same one as the peer library's sampler of that name. A complete pass moves to the
+    and the same one as Accelerate's sampler of that name. A complete pass moves to the
     next epoch. The seed is `seed`, else
     `data_seed`, else torch's initial seed (what `set_seed` set). `generator`, if given, is
-    the generator reseeded and drawn from (the peer library's signature); by default a
+    the generator reseeded and drawn from (Accelerate's signature); by default a
     private one.
     """
 
@@ -49,7 +49,7 @@ class SeedableRandomSampler(RandomSampler):
 
     @property
     def initial_seed(self) -> int:
-        """The peer library's name for `seed`."""
+        """Accelerate's name for `seed`."""
         return self.seed
 
     def set_epoch(self, epoch: int) -> None:
@@ -70,7 +70,7 @@ class SeedableRandomSampler(RandomSampler):
         for _ in range(self.num_samples // n):
             yield from torch.randperm(n, generator=g).tolist()
         yield from torch.randperm(n, generator=g).tolist()[: self.num_samples % n]
-        # A finished pass moves on to the next epoch's order, as the peer library's sampler does
+        # A finished pass moves on to the next epoch's order, as Accelerate's sampler does
         # (a plain DataLoader never calls set_epoch; prepared loaders set it every epoch anyway).
         self.epoch += 1
 
@@ -232,7 +232,7 @@ class BatchSamplerShard(Sampler[list[int]]):
                 yield round_[r]
                 round_ = []
                 self.remainder = 0
-        # drop_last drops the incomplete last round as the peer library does: every rank's
+        # drop_last drops the incomplete last round as Accelerate does: every rank's
         # batches are then full and nothing is padded.
         if not round_ or self.drop_last:
             return

@@ -1,4 +1,4 @@
-"""Environment-variable helpers of the peer library's `utils` (re-exported by `accel.utils`)."""
+"""Environment-variable helpers of Accelerate's `utils` (re-exported by `accel.utils`)."""
 
 from __future__ import annotations
 

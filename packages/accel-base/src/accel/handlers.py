@@ -1,4 +1,4 @@
-"""The peer library's remaining kwargs handlers and enums: profiling, fp8 recipes, tracker and precision names.
+"""Accelerate's remaining kwargs handlers and enums: profiling, fp8 recipes, tracker and precision names.
 
 Pass the handlers in `Accelerator(kwargs_handlers=[...])`: `ProfileKwargs` configures
 `Accelerator.profile`; the fp8 recipe handlers (`FP8RecipeKwargs`, `TERecipeKwargs`,
@@ -135,7 +135,7 @@ class AORecipeKwargs(KwargsHandler):
 
 @dataclass
 class FP8RecipeKwargs(TERecipeKwargs):
-    """The peer library's combined fp8 handler: a `TERecipeKwargs` plus the `backend` it is for ("te", "ao")."""
+    """Accelerate's combined fp8 handler: a `TERecipeKwargs` plus the `backend` it is for ("te", "ao")."""
 
     backend: str | None = None
     opt_level: str | None = None

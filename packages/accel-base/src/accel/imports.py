@@ -1,4 +1,4 @@
-"""`is_<library>_available()` probes for optional libraries, as the peer library's `utils` has them.
+"""`is_<library>_available()` probes for optional libraries, as Accelerate's `utils` has them.
 
 Each probe answers whether the library can be imported here (without importing it). The
 probes that name hardware (`is_<vendor>_available`) come from the adapter packages; precision
@@ -118,7 +118,7 @@ def _precision_supported(precision: str) -> bool:
 
 
 def is_bf16_available(*args: Any, **kwargs: Any) -> bool:
-    """Whether the adapter in use supports bf16 mixed precision (the peer library's hardware flag is ignored)."""
+    """Whether the adapter in use supports bf16 mixed precision (Accelerate's hardware flag is ignored)."""
     return _precision_supported("bf16")
 
 

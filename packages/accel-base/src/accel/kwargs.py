@@ -1,4 +1,4 @@
-"""Kwargs handlers and configuration dataclasses, as users of the peer library know them.
+"""Kwargs handlers and configuration dataclasses, as users of Accelerate know them.
 
 Each is a keyword-only dataclass; pass instances in `Accelerator(kwargs_handlers=[...])`
 or the matching argument.
@@ -80,7 +80,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "static_graph": self.static_graph,
         }
-        # Passed only when changed, as the peer library passes only non-defaults: an explicit
+        # Passed only when changed, as Accelerate passes only non-defaults: an explicit
         # bucket_cap_mb (even DDP's own 25) also makes the first bucket 25 MB instead of DDP's
         # 1 MB, so the all-reduce starts later and steps differ from a plain DDP.
         if self.bucket_cap_mb != 25:
@@ -192,9 +192,9 @@ class DataLoaderConfiguration:
     """Pad the last round with samples from the start so every rank gets the same number of
     batches; `gather_for_metrics` drops exactly those padding samples."""
     use_seedable_sampler: bool = False
-    """False, the peer library's default: the loader's own `RandomSampler`, given a generator seeded
+    """False, Accelerate's default: the loader's own `RandomSampler`, given a generator seeded
     from the global one and copied from rank 0 at every epoch (`rng_types`), so a script and seed
-    shuffle as under the peer library. True: a `SeedableRandomSampler` drawing from `data_seed` plus
+    shuffle as under Accelerate. True: a `SeedableRandomSampler` drawing from `data_seed` plus
     the epoch, with no collective per epoch. Mid-epoch resume is exact with either."""
     data_seed: int | None = None
     """Seed of the seedable sampler. None: rank 0's `torch.initial_seed()` (what `set_seed` set)."""

@@ -7,7 +7,7 @@
     logger.info("in turn", in_order=True)                   # every process, rank 0 first
 
 Messages carry a `[RANK r]` prefix. The level comes from `log_level`, else `ACCEL_LOG_LEVEL`,
-else `ACCELERATE_LOG_LEVEL` (the peer library's variable), else the logging module's own.
+else `ACCELERATE_LOG_LEVEL` (Accelerate's variable), else the logging module's own.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     """A logger for `name` that logs on the main process unless told `main_process_only=False`.
 
     `log_level` (e.g. "INFO"), else `ACCEL_LOG_LEVEL` / `ACCELERATE_LOG_LEVEL`, sets the level
-    of this logger and of the root logger, as the peer library does.
+    of this logger and of the root logger, as Accelerate does.
     """
     if log_level is None:
         log_level = next((os.environ[v] for v in LOG_LEVEL_ENV if os.environ.get(v)), None)

@@ -1,8 +1,8 @@
-"""The rest of the peer library's `utils.operations`: nested-structure helpers and collectives.
+"""The rest of Accelerate's `utils.operations`: nested-structure helpers and collectives.
 
 The collectives themselves live in `accel.ops`; this module adds the names scripts import
 from `accelerate.utils` on top of them (all re-exported by `accel.utils`). `reduce` here has
-the peer library's module-level defaults (`reduction="mean"`, and `"max"`/`"min"`).
+Accelerate's module-level defaults (`reduction="mean"`, and `"max"`/`"min"`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .errors import CollectiveMismatchError
 from .ops import is_namedtuple, recursively_apply
 
 DistributedOperationException = CollectiveMismatchError
-"""The peer library's name for the error a collective raises in debug mode when ranks disagree."""
+"""Accelerate's name for the error a collective raises in debug mode when ranks disagree."""
 
 
 class CannotPadNestedTensorWarning(UserWarning):

@@ -1,4 +1,4 @@
-"""Model and file helpers of the peer library's `utils` (re-exported by `accel.utils`)."""
+"""Model and file helpers of Accelerate's `utils` (re-exported by `accel.utils`)."""
 
 from __future__ import annotations
 

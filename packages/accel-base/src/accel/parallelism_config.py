@@ -1,4 +1,4 @@
-"""`ParallelismConfig`: how processes are arranged on an N-D device mesh (the peer library's names).
+"""`ParallelismConfig`: how processes are arranged on an N-D device mesh (Accelerate's names).
 
 A run of `dp_replicate_size * dp_shard_size * cp_size * tp_size` processes is laid out on a
 `torch.distributed.device_mesh.DeviceMesh` with named dimensions, outermost first:
@@ -9,7 +9,7 @@ A run of `dp_replicate_size * dp_shard_size * cp_size * tp_size` processes is la
 names no device.
 
 Sizes left as None come from `ACCEL_PARALLELISM_<FIELD>` (e.g. `ACCEL_PARALLELISM_TP_SIZE`),
-else the peer library's `PARALLELISM_CONFIG_<FIELD>`, else 1.
+else Accelerate's `PARALLELISM_CONFIG_<FIELD>`, else 1.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _env(name: str, default: str) -> str:
 
 @dataclass
 class TorchTensorParallelConfig:
-    """Options of torch tensor parallelism (the peer library's class; `enable_async_tp` is not supported and ignored)."""
+    """Options of torch tensor parallelism (Accelerate's class; `enable_async_tp` is not supported and ignored)."""
 
     enable_async_tp: bool = False
 
@@ -134,7 +134,7 @@ class ParallelismConfig:
             )
         self._sizes = {name: getattr(self, f"{name}_size") for name in _SIZE_FIELDS}
 
-    # ---- sizes and names (the peer library's properties) -------------------------------------
+    # ---- sizes and names (Accelerate's properties) -------------------------------------
     @property
     def total_size(self) -> int:
         """The product of all sizes (must equal the number of processes)."""
@@ -254,7 +254,7 @@ class ParallelismConfig:
                 "use cp_size for context parallelism on an adapter that supports it."
             )
         if self.total_size == 1 and num_processes > 1:
-            # Plain data parallelism over every process, as in the peer library.
+            # Plain data parallelism over every process, as in Accelerate.
             self._set_size("dp_replicate", num_processes)
         if self.total_size != num_processes:
             raise ValueError(
@@ -323,6 +323,6 @@ def launch_env(settings: dict[str, Any]) -> dict[str, str]:
 
 def from_environment() -> ParallelismConfig | None:
     """A `ParallelismConfig` from the launcher's variables when it asked for one (`ACCEL_USE_PARALLELISM_CONFIG`,
-    or the peer library's `ACCELERATE_USE_PARALLELISM_CONFIG`), else None."""
+    or Accelerate's `ACCELERATE_USE_PARALLELISM_CONFIG`), else None."""
     flag = os.environ.get("ACCEL_USE_PARALLELISM_CONFIG", os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", ""))
     return ParallelismConfig() if flag.strip().lower() in ("1", "true", "yes") else None

@@ -1,4 +1,4 @@
-"""Random-number generators kept equal across processes, as the peer library does it.
+"""Random-number generators kept equal across processes, as Accelerate does it.
 
 `synchronize_rng_states(["generator"], g)` copies rank 0's state of `g` to every rank. A
 prepared data loader does this at the start of every iteration over it (the Accelerator's
@@ -7,7 +7,7 @@ draws the same shuffle while dropout and the other users of the global generator
 their own streams.
 
 Names: `"torch"` is the global CPU generator, `"generator"` the `generator` argument; any
-other name (the peer library names device generators after their hardware) means the device generators of the
+other name (Accelerate names device generators after their hardware) means the device generators of the
 adapter in use, which must have some.
 """
 
@@ -70,7 +70,7 @@ def synchronize_rng_states(rng_types: list[str | RNGType], generator: torch.Gene
 def _broadcast(state: torch.Tensor) -> torch.Tensor:
     from .state import PartialState
 
-    # The collective backend may only move tensors on the device (the peer library does the same).
+    # The collective backend may only move tensors on the device (Accelerate does the same).
     device: Any = PartialState().device
     moved = state.to(device)
     dist.broadcast(moved, src=0)

@@ -231,7 +231,7 @@ class PartialState:
         processes, the last processes get none). With `apply_padding` every share is filled up
         to the longest share's length by repeating the input's last item (a tensor's last row),
         so every process holds the same count, ready for `gather`; drop the repeats afterwards.
-        As in the peer library, padded tensors come back on this process's device. Dict values
+        As in Accelerate, padded tensors come back on this process's device. Dict values
         must all have the same length; they are split alike into a new dict (the input is not
         modified). A `datasets.Dataset` gets `select(indices)`; other objects are yielded
         unchanged.

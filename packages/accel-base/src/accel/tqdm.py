@@ -1,4 +1,4 @@
-"""`tqdm` that shows its bar on the main process only (the peer library's `utils.tqdm`)."""
+"""`tqdm` that shows its bar on the main process only (Accelerate's `utils.tqdm`)."""
 
 from __future__ import annotations
 

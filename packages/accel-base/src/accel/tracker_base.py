@@ -1,6 +1,6 @@
 """The tracker base class and the two trackers built in: "jsonl" and "tensorboard".
 
-The registry of names (`accel.trackers`) and the peer library's trackers
+The registry of names (`accel.trackers`) and Accelerate's trackers
 (`accel.tracker_libraries`) build on this module.
 """
 

@@ -1,7 +1,7 @@
-"""The peer library's third-party trackers (wandb, mlflow, comet_ml, aim, clearml, dvclive, trackio, swanlab).
+"""Accelerate's third-party trackers (wandb, mlflow, comet_ml, aim, clearml, dvclive, trackio, swanlab).
 
 Each wraps its library, imported when the tracker starts. `accel.trackers` registers them
-under their names; `accel.tracking` is the module path the peer library's users import them from.
+under their names; `accel.tracking` is the module path Accelerate's users import them from.
 """
 
 from __future__ import annotations
@@ -300,5 +300,5 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
 
 
 def get_available_trackers() -> list[str]:
-    """Names of the peer library's trackers whose library is installed here."""
+    """Names of Accelerate's trackers whose library is installed here."""
     return [name for name in LOGGER_TYPE_TO_CLASS if getattr(imports, f"is_{name}_available")()]

@@ -1,7 +1,7 @@
 """Experiment trackers: a registry of names, only the main process writes.
 
 Built in: "jsonl" (one JSON object per `log` call in `<logging_dir>/<project>/metrics.jsonl`)
-and "tensorboard" (event files through `torch.utils.tensorboard`); the peer library's others
+and "tensorboard" (event files through `torch.utils.tensorboard`); Accelerate's others
 ("wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "trackio", "swanlab") are in
 `accel.tracking`. Another tracker is one `register_tracker` call, not an edit of the Accelerator.
 """
@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from .tracker_base import GeneralTracker, JSONLTracker, TensorBoardTracker
 from .tracker_libraries import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
-# Built in, then the peer library's trackers under its names.
+# Built in, then Accelerate's trackers under its names.
 _TRACKERS: dict[str, type[GeneralTracker]] = {
     "jsonl": JSONLTracker,
     "tensorboard": TensorBoardTracker,
@@ -36,7 +36,7 @@ class TrackerHub:
         elif isinstance(log_with, (str, GeneralTracker)):
             log_with = [log_with]
         if "all" in log_with:
-            # Every registered tracker, except the peer library's whose package is not installed.
+            # Every registered tracker, except Accelerate's whose package is not installed.
             available = set(get_available_trackers())
             log_with = [name for name in _TRACKERS if name not in LOGGER_TYPE_TO_CLASS or name in available]
         for item in log_with:

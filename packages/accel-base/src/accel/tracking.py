@@ -1,4 +1,4 @@
-"""Experiment trackers under the peer library's names: `Accelerator(log_with="wandb")`, `accel.tracking.WandBTracker`.
+"""Experiment trackers under Accelerate's names: `Accelerator(log_with="wandb")`, `accel.tracking.WandBTracker`.
 
 Each tracker wraps its library and is created on the main process only (`init_trackers`),
 so only rank 0 logs. The library is imported when the tracker starts; a missing one raises
@@ -52,7 +52,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = 
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralTracker]:
-    """Make a `GeneralTracker` subclass usable as `log_with=<its name>` (the peer library's spelling of `register_tracker`).
+    """Make a `GeneralTracker` subclass usable as `log_with=<its name>` (Accelerate's spelling of `register_tracker`).
 
     Raises:
         ValueError: not a `GeneralTracker` subclass, or no `name`.

@@ -18,7 +18,7 @@ class MegatronPlugin:
 
     The world is split as data x pipeline x context x tensor parallel; the data-parallel
     size is what is left, `world_size // (tp_degree * pp_degree * cp_degree)`. Field names
-    follow the peer library's `MegatronLMPlugin` where it has one.
+    follow Accelerate's `MegatronLMPlugin` where it has one.
     """
 
     tp_degree: int = 1

@@ -52,7 +52,7 @@ MODEL_WITHOUT_OPTIMIZER = (
 class FSDPConfig:
     """How FSDP2 shards a model. Pass it as `Accelerator(fsdp_plugin=FSDPConfig(...))`.
 
-    Also exported as `accel.FullyShardedDataParallelPlugin`, the peer library's name.
+    Also exported as `accel.FullyShardedDataParallelPlugin`, Accelerate's name.
     """
 
     fsdp_version: int = 2
@@ -100,7 +100,7 @@ class FSDPConfig:
     backward_prefetch: Any = None
     """FSDP1 only: FSDP2 always prefetches the next unit in backward (ignored with a warning)."""
     forward_prefetch: Any = None
-    """FSDP1 only: refused, as the peer library does under FSDP2."""
+    """FSDP1 only: refused, as Accelerate does under FSDP2."""
     ignored_modules: Any = None
     """Modules (or a regex of module names) whose parameters FSDP2 leaves unsharded (`ignored_params`)."""
     state_dict_config: Any = None
@@ -141,7 +141,7 @@ class FSDPConfig:
             raise ValueError(f"min_num_params must be >= 0, got {self.min_num_params}.")
 
     def _fsdp1_options(self) -> None:
-        """Map or refuse the peer library's FSDP1 options, naming the FSDP2 way."""
+        """Map or refuse Accelerate's FSDP1 options, naming the FSDP2 way."""
         notes = []
         if self.sharding_strategy is not None:
             name = getattr(self.sharding_strategy, "name", str(self.sharding_strategy)).upper()
