@@ -57,7 +57,7 @@ class XLAAdapter(Adapter):
         precisions=frozenset({"no", "bf16"}),
         # "ddp" stays accepted for scripts and config files that name it: torch's DDP wrapper over
         # the `xla` process group (torch_xla supports it); `xla_ddp` is the native path.
-        strategies=frozenset({"xla_ddp"}),
+        strategies=frozenset({"xla_ddp", "xla_fsdp_v2"}),
         compile=False,
         multi_process=True,
     )
@@ -116,7 +116,12 @@ class XLAAdapter(Adapter):
 
     def device_for(self, local_rank: int) -> torch.device:
         # torch_xla binds each process to its device itself; the local rank is not an index here.
-        return torch.device("cpu") if self.emulate else self.vendor.device()  # type: ignore[no-any-return]
+        if self.emulate:
+            return torch.device("cpu")
+        if os.environ.get("ACCEL_STRATEGY") == "xla_fsdp_v2":
+            # torch_xla's SPMD mode must be on before its runtime starts, i.e. before this lookup.
+            self.vendor.use_spmd()
+        return self.vendor.device()  # type: ignore[no-any-return]
 
     def ddp_device_ids(self, device: torch.device) -> list[int] | None:
         return None
@@ -219,8 +224,8 @@ class XLAAdapter(Adapter):
         return XLADataParallelStrategy.name
 
     def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
-        """xla_ddp reaches torch_xla through this adapter's vendor module (its CPU stand-in under emulation)."""
-        return {"vendor": self.vendor} if strategy_name == XLADataParallelStrategy.name else {}
+        """xla_ddp and xla_fsdp_v2 reach torch_xla through this adapter's vendor module (its CPU stand-in under emulation)."""
+        return {"vendor": self.vendor} if strategy_name in (XLADataParallelStrategy.name, "xla_fsdp_v2") else {}
 
     # ---- launch ---------------------------------------------------------------------------
     @classmethod

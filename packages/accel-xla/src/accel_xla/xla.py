@@ -114,3 +114,46 @@ def counters() -> dict[str, int]:
     compiled = met.metric_data("CompileTime")
     executed = met.metric_data("ExecuteTime")
     return {"compilations": int(compiled[0]) if compiled else 0, "executions": int(executed[0]) if executed else 0}
+
+
+def use_spmd() -> None:
+    """Turn torch_xla's SPMD mode on (every device of this host becomes one virtual device).
+
+    Must run before the runtime starts (`torch_xla.device()`): turned on later, torch_xla
+    replicates what exists and a training step then crashed its CPU runtime (torch_xla 2.9).
+    """
+    xr.use_spmd()
+
+
+def spmd_mode() -> str:
+    """ "on"; "free" (off, and the runtime has not started: `use_spmd` may still run); "too late"."""
+    if xr.is_spmd():
+        return "on"
+    return "too late" if torch_xla._XLAC._xla_get_spmd_config_is_locked() else "free"
+
+
+def fsdp_v2_wrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under torch_xla's SPMD FSDP (FSDPv2, `SpmdFullyShardedDataParallel`).
+
+    Turns SPMD on if it is not yet (see `use_spmd`) and shards each parameter along the "fsdp" axis of the global mesh; when none is set, a mesh of
+    every device of the runtime, axes ("fsdp", "model") of shape (devices, 1), becomes the
+    global mesh.
+    """
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+    xr.use_spmd()
+    mesh = xs.get_global_mesh()
+    if mesh is None:
+        count = xr.global_runtime_device_count()
+        mesh = xs.Mesh(np.arange(count), (count, 1), ("fsdp", "model"))
+        xs.set_global_mesh(mesh)
+    return SpmdFullyShardedDataParallel(model, mesh=mesh)
+
+
+def is_fsdp_v2(model: torch.nn.Module) -> bool:
+    """Whether `model` is torch_xla's SPMD FSDP wrapper."""
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+    return isinstance(model, SpmdFullyShardedDataParallel)

@@ -102,3 +102,26 @@ def manual_seed(seed: int) -> None:
 
 def counters() -> dict[str, int]:
     return {"compilations": 0, "executions": calls["sync"]}
+
+
+# torch_xla's SPMD partitioner (the xla_fsdp_v2 strategy) has no stand-in: emulation refuses it.
+_NO_SPMD = (
+    "The xla_fsdp_v2 strategy needs torch_xla's SPMD partitioner, which emulation does not have: run it on the "
+    "xla adapter with torch_xla installed (a TPU VM, or PJRT_DEVICE=CPU), not emulated. Use 'xla_ddp' here."
+)
+
+
+def use_spmd() -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def spmd_mode() -> str:
+    return "unavailable"
+
+
+def fsdp_v2_wrap(model: torch.nn.Module) -> torch.nn.Module:
+    raise ValueError(_NO_SPMD)
+
+
+def is_fsdp_v2(model: torch.nn.Module) -> bool:
+    return False
