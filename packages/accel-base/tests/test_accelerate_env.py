@@ -64,8 +64,9 @@ def test_fsdp_selection_and_config_from_accelerate_launch() -> None:
         "SHARDED_STATE_DICT",
     )
     assert (config.auto_wrap_policy, config.min_num_params) == ("size_based_wrap", 1000)
-    # What accel does not do is said, not dropped.
-    assert any("fsdp_sync_module_states" in str(w.message) for w in caught)
+    # cpu_ram_efficient_loading starts every rank from rank 0's weights: what sync_module_states asks for.
+    assert config.cpu_ram_efficient_loading is True
+    assert not any("fsdp_sync_module_states" in str(w.message) for w in caught)
 
 
 def test_deepspeed_selection_and_plugin_fields() -> None:

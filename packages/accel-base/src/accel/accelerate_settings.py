@@ -103,7 +103,9 @@ def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
                 raise SettingError(key, "NO_SHARD is plain data parallelism: use the ddp strategy instead")
             if strategy.startswith("HYBRID"):
                 raise SettingError(
-                    key, "hybrid sharding (HSDP) is set up with a 2-D device mesh in the script (docs/parallelism.md)"
+                    key,
+                    "hybrid sharding (HSDP) is ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) "
+                    "(or parallelism_config_dp_replicate_size/_dp_shard_size; docs/parallelism.md)",
                 )
             out["reshard_after_forward"] = strategy == "FULL_SHARD"
         elif key == "fsdp_auto_wrap_policy":
@@ -134,16 +136,15 @@ def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
             if as_bool(key, value):
                 raise SettingError(key, "offloading checkpointed activations is not supported; set it to false")
         elif key == "fsdp_cpu_ram_efficient_loading":
-            if as_bool(key, value):
-                notes.append(f"{key} is ignored: every process loads the full model (more host memory, same numbers)")
+            out["cpu_ram_efficient_loading"] = as_bool(key, value)
         elif key == "fsdp_sync_module_states":
-            if as_bool(key, value):
+            if as_bool(key, value) and not as_bool(key, settings.get("fsdp_cpu_ram_efficient_loading", "false")):
                 notes.append(
                     f"{key} is not honoured: FSDP2 shards each process's own initial weights, so seed every "
-                    "process the same (accel.utils.set_seed) before building the model"
+                    "process the same (accel.utils.set_seed) or set fsdp_cpu_ram_efficient_loading (rank 0's weights)"
                 )
         elif key == "fsdp_ignored_modules":
-            raise SettingError(key, "pass FSDPConfig(extra_kwargs={'ignored_params': ...}) in the script instead")
+            out["ignored_modules"] = str(value)
         else:
             raise SettingError(key, "not an FSDP setting accel knows")
     return out, notes

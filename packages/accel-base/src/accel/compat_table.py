@@ -21,8 +21,8 @@ _LAUNCHER = (
     "flags and sets up the processes itself"
 )
 _PARALLEL = (
-    "N-D parallelism is configured with `Accelerator(strategy=..., strategy_config=...)` (docs/parallelism.md), "
-    "not ParallelismConfig"
+    "N-D parallelism is configured with `ParallelismConfig` (tp_size, dp_shard_size, ...; docs/parallelism.md); "
+    "DeepSpeed sequence parallelism and the deprecated TP plugin are not supported"
 )
 _STRATEGY = (
     "FSDP/DeepSpeed internals of the peer library: accel's strategies do this inside `prepare`, `save_state` and "
@@ -70,8 +70,8 @@ REASONS: dict[str, str] = {
     r"TORCH_LAUNCH_PARAMS|TORCH_DISTRIBUTED_OPERATION_TYPES|.*_PROFILING_AVAILABLE_PYTORCH_VERSION": (
         "constant of the peer library's launcher and profiler internals"
     ),
-    r"ParallelismConfig|Torch(Context|Tensor)Parallel(Config|Plugin)|DeepSpeedSequenceParallelConfig": _PARALLEL,
-    r"get_model_tp_size|torch_tp_plugin|parallelism_config|device_mesh": _PARALLEL,
+    r"TorchTensorParallelPlugin|DeepSpeedSequenceParallelConfig": _PARALLEL,
+    r"get_model_tp_size|torch_tp_plugin": _PARALLEL,
     r"fsdp2_.*|(load|save)_fsdp_(model|optimizer)|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
     r"ensure_weights_retied|get_fsdp2_grad_scaler|compile_regions_(fsdp2|deepspeed)|GatheredParameters": _STRATEGY,
     r"deepspeed_engine_wrapped|deepspeed_plugins|get_deepspeed_plugin|select_deepspeed_plugin": (

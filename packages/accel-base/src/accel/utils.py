@@ -144,6 +144,7 @@ from .other import (
     save,
     wait_for_everyone,
 )
+from .parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
 from .precision import convert_outputs_to_fp32
 from .rng import RNGType, synchronize_rng_state, synchronize_rng_states
 from .state import DistributedType
@@ -198,6 +199,9 @@ __all__ = [
     "DynamoBackend",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",

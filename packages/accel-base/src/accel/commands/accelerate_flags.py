@@ -102,7 +102,8 @@ FSDP_HELP = {
     "fsdp_version": "2 only (accel implements FSDP2)",
     "fsdp_offload_params": "FSDPConfig.cpu_offload (true/false)",
     "fsdp_min_num_params": "FSDPConfig.min_num_params (with SIZE_BASED_WRAP)",
-    "fsdp_sharding_strategy": "FULL_SHARD or SHARD_GRAD_OP (FSDPConfig.reshard_after_forward); others refused",
+    "fsdp_sharding_strategy": "FULL_SHARD or SHARD_GRAD_OP (FSDPConfig.reshard_after_forward); HYBRID_SHARD is "
+    "ParallelismConfig (--parallelism_config_dp_replicate_size), NO_SHARD the ddp strategy",
     "fsdp_reshard_after_forward": "FSDPConfig.reshard_after_forward (true/false)",
     "fsdp_auto_wrap_policy": "FSDPConfig.auto_wrap_policy (TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP)",
     "fsdp_transformer_layer_cls_to_wrap": "FSDPConfig.transformer_cls_names_to_wrap (comma-separated)",
@@ -110,7 +111,7 @@ FSDP_HELP = {
     "fsdp_state_dict_type": "FSDPConfig.state_dict_type (FULL_STATE_DICT, SHARDED_STATE_DICT)",
     "fsdp_forward_prefetch": "false only",
     "fsdp_use_orig_params": "true only (FSDP2 always keeps them)",
-    "fsdp_cpu_ram_efficient_loading": "accepted, no effect: every process loads the full model (a note says so)",
+    "fsdp_cpu_ram_efficient_loading": "FSDPConfig.cpu_ram_efficient_loading: every rank starts from rank 0's weights",
     "fsdp_sync_module_states": "not honoured (a note says so): seed every process the same",
     "fsdp_activation_checkpointing": "FSDPConfig.activation_checkpointing (true/false)",
     "fsdp_activation_checkpointing_offload": "false only",
