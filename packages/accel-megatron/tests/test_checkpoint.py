@@ -12,11 +12,19 @@ from conftest import WORKERS, run_launch
 pytest.importorskip("megatron.core")
 
 
-@pytest.mark.parametrize(("tp", "pp", "dropout"), [(2, 1, 0.0), (1, 2, 0.0), (2, 1, 0.3)])
-def test_save_state_load_state_resumes_exactly(tmp_path: Path, tp: int, pp: int, dropout: float) -> None:
-    """With dropout under TP=2, the model-parallel RNG tracker's streams are part of the checkpoint."""
-    run_launch(WORKERS / "resume.py", str(tp), str(pp), str(tmp_path), str(dropout))
+@pytest.mark.parametrize(
+    ("tp", "pp", "dropout", "precision"), [(2, 1, 0.0, "no"), (1, 2, 0.0, "no"), (2, 1, 0.3, "no"), (1, 2, 0.0, "bf16")]
+)
+def test_save_state_load_state_resumes_exactly(
+    tmp_path: Path, tp: int, pp: int, dropout: float, precision: str
+) -> None:
+    """With dropout under TP=2, the model-parallel RNG tracker's streams are part of the checkpoint; under bf16
+    the pipeline runs megatron-core's Float16Module stages and its mixed-precision optimizer."""
+    run_launch(
+        WORKERS / "resume.py", str(tp), str(pp), str(tmp_path), str(dropout), env={"ACCEL_MIXED_PRECISION": precision}
+    )
     result = json.loads((tmp_path / "resume.json").read_text())
+    assert result["dtype"] == ("torch.bfloat16" if precision == "bf16" else "torch.float32")
     assert result["first"] == result["again"]
     assert (tmp_path / "ckpt" / "megatron_models").is_dir(), "megatron-core's distributed checkpoint"
     assert (tmp_path / "ckpt" / "megatron.json").is_file()

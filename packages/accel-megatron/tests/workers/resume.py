@@ -87,7 +87,9 @@ def main() -> None:
     assert lr == scheduler.get_last_lr()[0], (lr, scheduler.get_last_lr())
     assert all(torch.equal(weights[k], after[k]) for k in weights), "weights differ after resume"
     if accelerator.is_main_process:
-        (out / "resume.json").write_text(json.dumps({"first": first, "again": again, "lr": lr}))
+        (out / "resume.json").write_text(
+            json.dumps({"first": first, "again": again, "lr": lr, "dtype": str(next(model.parameters()).dtype)})
+        )
     accelerator.end_training()
 
 
