@@ -95,7 +95,9 @@ def run(name, pc, fsdp, out):
     ref_losses, ref_norms, ref_state = reference(steps)
     set_seed(0)
     model = Net()
-    acc = Accelerator(fsdp_plugin=FSDPConfig(parallelism_config=pc, **fsdp))
+    # With FSDP options: the plugin; without: parallelism_config alone (FSDP2 underneath).
+    acc = Accelerator(parallelism_config=pc, fsdp_plugin=FSDPConfig(**fsdp) if fsdp else None)
+    assert acc.parallelism_config is pc
     mesh = acc.torch_device_mesh
     assert mesh.device_type == acc.device.type
     opt = make_opt(model.parameters())
@@ -172,7 +174,7 @@ if "ram" in sys.argv:
     sys.argv.remove("ram")
 layouts = {
     "tp2": (ParallelismConfig(tp_size=2), {}),
-    "fsdp2": (ParallelismConfig(dp_shard_size=2), {}),
+    "fsdp2": (ParallelismConfig(dp_shard_size=2), {"reshard_after_forward": False}),
     "hsdp": (ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), {}),
     "fsdp_tp": (ParallelismConfig(dp_shard_size=2, tp_size=2), {"state_dict_type": "SHARDED_STATE_DICT"}),
 }
@@ -298,3 +300,19 @@ def test_environment_selects_fsdp2_with_a_parallelism_config(monkeypatch):
     acc = Accelerator()
     assert acc.strategy.name == "fsdp2" and isinstance(acc.parallelism_config, ParallelismConfig)
     assert acc.torch_device_mesh is None  # one process: nothing to split
+
+
+def test_parallelism_config_composes_on_fsdp2_only():
+    from types import SimpleNamespace
+
+    from accel import FSDPConfig
+    from accel.parallelism_config import with_parallelism
+
+    plugin = FSDPConfig(reshard_after_forward=False)
+    name, config = with_parallelism(ParallelismConfig(tp_size=2), "fsdp2", plugin)
+    assert name == "fsdp2" and config is plugin and config.parallelism_config.tp_size == 2
+    with pytest.raises(ValueError, match="composes data, tensor and context parallelism on the fsdp2 strategy"):
+        with_parallelism(ParallelismConfig(tp_size=2), "deepspeed", None)
+    # An object of Accelerate's class (same fields) is rebuilt as accel's.
+    foreign = SimpleNamespace(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1)
+    assert with_parallelism(foreign, None, None)[1].parallelism_config.total_size == 4

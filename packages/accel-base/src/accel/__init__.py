@@ -35,6 +35,7 @@ from .kwargs import (
 )
 from .launchers import debug_launcher, notebook_launcher
 from .memory import find_executable_batch_size
+from .parallelism_config import ParallelismConfig
 from .rng import synchronize_rng_states
 from .state import AcceleratorState, DistributedType, GradientState, PartialState
 from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler
@@ -76,6 +77,7 @@ __all__ = [
     "DummyScheduler",
     "FSDPConfig",
     "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",

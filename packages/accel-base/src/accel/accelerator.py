@@ -81,6 +81,8 @@ class Accelerator(AcceleratorCompatMixin):
             `InitProcessGroupKwargs`, `AutocastKwargs`, ...
         log_with, project_dir: trackers and where checkpoints go.
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
+        parallelism_config: an `accel.utils.ParallelismConfig` (data/tensor/context parallel sizes on one
+            device mesh, composed on FSDP2; docs/parallelism.md).
 
     Raises:
         ValueError: unknown precision, a precision the adapter lacks, or a kwargs handler
@@ -114,6 +116,7 @@ class Accelerator(AcceleratorCompatMixin):
         strategy: str | None = None,
         strategy_config: Any = None,
         even_batches: bool | None = None,
+        parallelism_config: Any = None,
     ) -> None:
         # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
@@ -165,6 +168,10 @@ class Accelerator(AcceleratorCompatMixin):
         strategy_name, strategy_config = _pick_strategy(
             strategy, strategy_config, fsdp_plugin, deepspeed_plugin, megatron_lm_plugin
         )
+        if parallelism_config is not None:
+            from .parallelism_config import with_parallelism
+
+            strategy_name, strategy_config = with_parallelism(parallelism_config, strategy_name, strategy_config)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
             cpu=cpu,

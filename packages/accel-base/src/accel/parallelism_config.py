@@ -326,3 +326,33 @@ def from_environment() -> ParallelismConfig | None:
     or Accelerate's `ACCELERATE_USE_PARALLELISM_CONFIG`), else None."""
     flag = os.environ.get("ACCEL_USE_PARALLELISM_CONFIG", os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", ""))
     return ParallelismConfig() if flag.strip().lower() in ("1", "true", "yes") else None
+
+
+def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tuple[str, Any]:
+    """The strategy and its config for `Accelerator(parallelism_config=pc)`: N-D parallelism composes on FSDP2
+    (an `FSDPConfig` given as `fsdp_plugin` keeps its fields and gains `pc`).
+
+    Raises:
+        ValueError: `pc` with another strategy (ddp, deepspeed, megatron) and a size above 1.
+        TypeError: `pc` is not a ParallelismConfig.
+    """
+    from .strategies.fsdp import FSDPConfig
+
+    if not isinstance(pc, ParallelismConfig):
+        if not all(hasattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")):
+            raise TypeError(f"parallelism_config must be an accel.ParallelismConfig, got {type(pc).__name__}.")
+        # Built with Accelerate's class: the same fields.
+        pc = ParallelismConfig(
+            **{f"{n}_size": getattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")},
+            tp_plan=getattr(pc, "tp_plan", None),
+        )
+    if strategy not in (None, "fsdp2"):
+        if pc.total_size == 1:
+            return strategy, strategy_config
+        raise ValueError(
+            f"parallelism_config composes data, tensor and context parallelism on the fsdp2 strategy; got "
+            f"strategy={strategy!r}. Drop that strategy (or its plugin), or use the fsdp_plugin."
+        )
+    config = strategy_config if isinstance(strategy_config, FSDPConfig) else FSDPConfig()
+    config.parallelism_config = pc
+    return "fsdp2", config
