@@ -250,7 +250,8 @@ def wrap_targets(model: nn.Module, config: FSDPConfig) -> list[nn.Module]:
             no module in the model.
     """
     policy = config.auto_wrap_policy
-    if policy is None and config.min_num_params > 0:
+    min_num_params = config.min_num_params or 0
+    if policy is None and min_num_params > 0:
         policy = "size_based_wrap"
     # Reversed pre-order visits every module after all of its descendants, so inner units
     # are sharded first and outer ones take only the parameters left over.
@@ -263,7 +264,7 @@ def wrap_targets(model: nn.Module, config: FSDPConfig) -> list[nn.Module]:
     if policy == "no_wrap":
         return []
     if policy == "size_based_wrap":
-        return _size_based(model, modules, config.min_num_params)
+        return _size_based(model, modules, min_num_params)
     names = config.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None)
     if not names:
         raise ValueError(
@@ -557,7 +558,7 @@ def _load_from_main(model: nn.Module, rank0_state: dict[str, torch.Tensor] | Non
         model.to_empty(device=device)
     set_model_state_dict(
         model,
-        rank0_state or {},
+        dict(rank0_state or {}),  # type: ignore[arg-type]
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
 
