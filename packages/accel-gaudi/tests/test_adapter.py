@@ -74,7 +74,7 @@ def test_evaluation_mode_places_and_applies_only_precision():
     seen = []
     model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     c = ctx(device=torch.device("cpu"), use_distributed=True, evaluation_mode=True, mixed_precision="bf16")
-    prepared = GaudiAdapter(emulate=True).prepare_model(model, c)
+    prepared = GaudiAdapter(emulate=True, options={"force_autocast": True}).prepare_model(model, c)
     assert prepared is model  # no DDP wrapper (and no process group needed)
     out = prepared(torch.ones(1, 2))
     assert seen == [torch.bfloat16] and out.dtype == torch.float32
@@ -83,9 +83,41 @@ def test_evaluation_mode_places_and_applies_only_precision():
 
 
 # ---- force_autocast -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("policy", "mixed_precision", "force", "autocast"),
+    [
+        # Gaudi's rule (`native_amp and force_autocast`): only bf16 with the flag.
+        ("native_amp", "bf16", True, True),
+        ("native_amp", "bf16", False, False),
+        ("native_amp", "no", True, False),
+        ("native_amp", "no", False, False),
+        # The portable policy: bf16 always, the flag whatever mixed_precision says.
+        ("always", "bf16", False, True),
+        ("always", "no", True, True),
+        ("always", "no", False, False),
+    ],
+)
+def test_autocast_policy_decides_when_the_forward_is_wrapped(policy, mixed_precision, force, autocast):
+    options = {"autocast_policy": policy, "force_autocast": force}
+    acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision=mixed_precision, adapter_options=options)
+    model = nn.Sequential(nn.Linear(4, 4))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = acc.prepare(model)(torch.randn(2, 4))
+    assert seen == [torch.bfloat16 if autocast else torch.float32] and out.dtype == torch.float32
+    assert ("_original_forward" in model.__dict__) == autocast
+
+
+def test_autocast_policy_is_the_seeds_by_default_and_checked(monkeypatch):
+    assert GaudiAdapter(emulate=True).config.autocast_policy == "native_amp"
+    monkeypatch.setenv("ACCEL_GAUDI_AUTOCAST_POLICY", "sometimes")
+    with pytest.raises(ValueError, match="ACCEL_GAUDI_AUTOCAST_POLICY"):
+        GaudiAdapter(emulate=True)
+
+
 def test_force_autocast_wraps_forward_in_bf16_and_unwrap_restores(monkeypatch):
     monkeypatch.setenv("ACCEL_GAUDI_FORCE_AUTOCAST", "1")
-    acc = Accelerator(adapter="gaudi", emulate=True)  # mixed_precision "no": only the flag asks for bf16
+    acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision="bf16")
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     original = model.forward
     seen = []

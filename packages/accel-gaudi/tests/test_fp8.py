@@ -101,6 +101,7 @@ def test_outside_the_fp8_context_the_layer_is_plain():
 
 def test_fp8_flag_with_bf16_converts_linears_and_autocasts_the_rest(monkeypatch):
     monkeypatch.setenv("ACCEL_GAUDI_FP8", "1")
+    monkeypatch.setenv("ACCEL_GAUDI_FORCE_AUTOCAST", "1")
     acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision="bf16")
     model = nn.Sequential(nn.Linear(4, 4), nn.Conv1d(1, 1, 1))
     seen = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,7 +17,7 @@ import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from accel.precision import wrap_forward_in_autocast
 
-from .fp8 import GaudiFP8RecipeKwargs, convert_linears
+from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
 from .options import GaudiOptions
 
 if TYPE_CHECKING:
@@ -111,10 +112,17 @@ class GaudiAdapter(Adapter):
             model = self.apply_strategy(model, ctx)
         return self.compile_model(model, ctx)
 
+    def autocasts(self, mixed_precision: str) -> bool:
+        """Whether the forward runs under bf16 autocast (`autocast_policy`): "native_amp" (Gaudi's
+        rule) only for bf16 with `force_autocast`; "always" for bf16, and with `force_autocast` always."""
+        if self.config.autocast_policy == "always":
+            return mixed_precision == "bf16" or self.config.force_autocast
+        return mixed_precision == "bf16" and self.config.force_autocast
+
     def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         fp8 = ctx.mixed_precision == "fp8" or self.config.fp8
         contexts: list[Any] = []
-        if ctx.mixed_precision == "bf16" or self.config.force_autocast:
+        if self.autocasts(ctx.mixed_precision):
             kwargs = ctx.autocast_kwargs
             contexts.append(lambda: self.autocast("bf16", **kwargs))
         if fp8:
@@ -129,11 +137,26 @@ class GaudiAdapter(Adapter):
         """Swap every `nn.Linear` for Habana's fp8 Linear (same Parameters), with the recipe from a
         `GaudiFP8RecipeKwargs` handler or its defaults. Converting twice is a no-op."""
         if getattr(model, "_accel_fp8_recipe", None) is None:
+            self.check_fp8_supported()
             handler = ctx.handler(GaudiFP8RecipeKwargs) or GaudiFP8RecipeKwargs()
             with torch.no_grad():
                 convert_linears(model, self.vendor)
             model._accel_fp8_recipe = handler.recipe(self.vendor)
+        wrap_gradient_checkpointing(model, self.vendor, model._accel_fp8_recipe)
         return model
+
+    def check_fp8_supported(self) -> None:
+        """Gaudi1 has no fp8 units (Gaudi's stack refuses fp8 there too).
+
+        Raises:
+            ValueError: on a first-generation Gaudi.
+        """
+        name = self.vendor.device_name()
+        if name in ("GAUDI", "GAUDI1"):
+            raise ValueError(
+                f"fp8 needs Gaudi2 or later; this device is {name} (Gaudi1). Use mixed_precision='bf16' "
+                "and drop --fp8 / ACCEL_GAUDI_FP8."
+            )
 
     def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         fast = self.config.distribution_strategy == "fast_ddp"
@@ -189,20 +212,55 @@ class GaudiAdapter(Adapter):
     def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
         """fast_ddp: reduce in the vendor module's `ALLREDUCE_DTYPE` (bf16 on HPU).
 
-        DeepSpeed: clip the global gradient norm at 1.0 unless the user sets `gradient_clipping`
+        DeepSpeed: sets `DEEPSPEED_USE_HPU=true` (unless set) for Habana's DeepSpeed fork; clips the
+        global gradient norm at 1.0 unless the user sets `gradient_clipping`
         (Gaudi's own Accelerator fills the value so, and DeepSpeed alone clips at 1.0 too); the
         config, `DeepSpeedPlugin(gradient_clipping=...)` and the Accelerator all take precedence."""
         if strategy_name == "deepspeed":
+            # Read by Habana's DeepSpeed fork when it initialises (after this, before `deepspeed.initialize`).
+            os.environ.setdefault("DEEPSPEED_USE_HPU", "true")
             return {"gradient_clipping": DEEPSPEED_GRADIENT_CLIPPING}
         if strategy_name == "fast_ddp":
             return {"allreduce_dtype": self.vendor.ALLREDUCE_DTYPE}
         return {}
 
+    # ---- Habana's fused optimizer and clip norm -------------------------------------------------
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
+        """A plain `torch.optim.AdamW` becomes Habana's `FusedAdamW` (same update, one fused
+        kernel) when the vendor module has it and `fused_optimizers` is on; the replacement
+        takes over the param groups (hyper-parameters included) and any state. AdamW with
+        `amsgrad`, `maximize`, `capturable` or `differentiable` is kept (the fused one lacks them)."""
+        fused_adamw, _ = self.vendor.fused_optimizers()
+        if fused_adamw is None or not self.config.fused_optimizers or type(optimizer) is not torch.optim.AdamW:
+            return optimizer
+        if any(
+            g.get(k) for g in optimizer.param_groups for k in ("amsgrad", "maximize", "capturable", "differentiable")
+        ):
+            return optimizer
+        groups = [dict(g) for g in optimizer.param_groups if g["params"]]
+        hyper = ("lr", "betas", "eps", "weight_decay")
+        fused = fused_adamw([{"params": g["params"], **{k: g[k] for k in hyper}} for g in groups])
+        for group, old in zip(fused.param_groups, groups):
+            group.update({k: v for k, v in old.items() if k not in group and k != "params"})
+        for p, state in optimizer.state.items():
+            fused.state[p] = state
+        return fused  # type: ignore[no-any-return]
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Habana's `FusedClipNorm` for the 2-norm when the vendor module has it (and
+        `fused_optimizers` is on); torch's `clip_grad_norm_` otherwise."""
+        _, fused_clip = self.vendor.fused_optimizers()
+        parameters = list(parameters)
+        if fused_clip is None or not self.config.fused_optimizers or float(norm_type) != 2.0:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        return fused_clip(parameters, max_norm).clip_norm(parameters)  # type: ignore[no-any-return]
+
     def describe(self) -> str:
         c = self.config
         return (
             f"{super().describe()} distribution_strategy={c.distribution_strategy} "
-            f"regional_compilation={c.use_regional_compilation} force_autocast={c.force_autocast} fp8={c.fp8}"
+            f"regional_compilation={c.use_regional_compilation} force_autocast={c.force_autocast} "
+            f"autocast_policy={c.autocast_policy} fp8={c.fp8}"
         )
 
 

@@ -2,7 +2,8 @@
 
 Parameters are broadcast from rank 0 once, at prepare time. After the backward that ends an
 accumulation window, every gradient goes into one flat buffer, is scaled by 1/world and
-all-reduced in a single collective, then copied back. One flag per parameter rides in the
+all-reduced in a single asynchronous collective (as Gaudi's `all_reduce_gradients`; like it,
+after the backward rather than overlapped with it), then copied back. One flag per parameter rides in the
 same buffer, so a parameter that got a gradient on any rank gets the averaged one on every
 rank, while one that got none anywhere keeps `grad=None` (as DDP leaves it).
 
@@ -73,13 +74,17 @@ class FastDDP:
         flags = torch.tensor([p.grad is not None for p in params], dtype=self.dtype, device=device)
         flat = torch.cat([*parts, flags])
         flat.mul_(1.0 / dist.get_world_size())
-        dist.all_reduce(flat)
+        # Asynchronous, as Gaudi's `all_reduce_gradients`: the host goes on queueing the unpacking
+        # views; `wait` then orders the copies after the collective (on HCCL a stream wait, not
+        # a host block). Like Gaudi's, the reduction runs after the backward, not during it.
+        work = dist.all_reduce(flat, async_op=True)
         offset = 0
         reduced = []
         for p in params:
             reduced.append(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         missing = [i for i, p in enumerate(params) if p.grad is None]
+        work.wait()
         # Reading the flags waits for the device: done only when this rank lacks a gradient.
         present = (flat[offset:] > 0).tolist() if missing else []
         with torch.no_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -32,8 +33,9 @@ class GaudiFP8RecipeKwargs(KwargsHandler):
     """How many steps of amax are remembered."""
     amax_compute_algo: str = "most_recent"
     """"most_recent": the last step's amax; "max": the largest in the history (safer with spikes)."""
-    reduce_amax: bool = True
-    """All-reduce amax across processes so every rank uses the same scales."""
+    reduce_amax: bool = False
+    """All-reduce amax across processes so every rank uses the same scales (off by default, as
+    in Gaudi's `GaudiTERecipeKwargs`)."""
 
     def __post_init__(self) -> None:
         self.fp8_format = self.fp8_format.upper()
@@ -58,16 +60,103 @@ class GaudiFP8RecipeKwargs(KwargsHandler):
         )
 
 
+def _minimize_memory() -> bool:
+    value = os.environ.get("PT_HPU_FP8_MINIMIZE_MEMORY", "false").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValueError(f"PT_HPU_FP8_MINIMIZE_MEMORY must be true or false, got {value!r}.")
+    return value in _TRUE
+
+
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_FALSE = ("0", "false", "no", "off", "n", "f", "")
+
+
+def _is_lora_linear(module: torch.nn.Module) -> bool:
+    # peft's `lora.Linear` (matched by structure, so peft need not be installed): its frozen
+    # `base_layer` plus the small adapters `lora_A` / `lora_B`.
+    return isinstance(getattr(module, "base_layer", None), torch.nn.Linear) and hasattr(module, "lora_A")
+
+
+def _is_fp8_fused_sdpa(module: torch.nn.Module) -> bool:
+    # optimum-habana's `ModuleFusedSDPA` built with `flash_attention_fp8=True`.
+    return type(module).__name__ == "ModuleFusedSDPA" and bool(getattr(module, "flash_attention_fp8", False))
+
+
+class _FP8FusedSDPA(torch.nn.Module):
+    """Replaces `ModuleFusedSDPA`: the same call, computed by the vendor's fp8 `FusedAttention`
+    with the replaced module's scale and dropout (the per-call `dropout_p`/`scale` are ignored,
+    as Gaudi's conversion does)."""
+
+    def __init__(self, module: torch.nn.Module, vendor: ModuleType) -> None:
+        super().__init__()
+        self._hpu_kernel_fsdpa = vendor.fp8_fused_attention(
+            scale=module.scale,
+            attention_dropout=module.attention_dropout,
+            enable_recompute=getattr(module, "enable_recompute", False),
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: Any,
+        dropout_p: float,
+        is_causal: bool,
+        scale: Any,
+        softmax_mode: Any,
+        recompute_mode: Any = None,
+        valid_sequence_lengths: Any = None,
+        padding_side: str = "left",
+    ) -> torch.Tensor:
+        return self._hpu_kernel_fsdpa(query, key, value, attn_mask, is_causal, softmax_mode)
+
+
 def convert_linears(model: torch.nn.Module, vendor: ModuleType) -> int:
-    """Replace every `nn.Linear` below `model` with the vendor's fp8 Linear, in place.
+    """Replace the `nn.Linear` layers below `model` with the vendor's fp8 Linear, in place, the
+    way Gaudi's `convert_model` does.
 
     The new layers hold the same Parameter objects, so an optimizer built on the original
-    model keeps updating them. Returns how many layers were converted.
+    model keeps updating them. In a LoRA layer only the `base_layer` is converted (the small
+    `lora_A`/`lora_B` adapters stay plain). An fp8 `ModuleFusedSDPA` becomes the vendor's
+    fp8 `FusedAttention`. `PT_HPU_FP8_MINIMIZE_MEMORY=true` reaches the vendor layers.
+    Returns how many modules were converted.
     """
+    minimize_memory = _minimize_memory()
     converted = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, vendor.fp8_linear(child))
-                converted += 1
+    for name, child in list(model.named_children()):
+        if _is_lora_linear(child):
+            child.base_layer = vendor.fp8_linear(child.base_layer, minimize_memory=minimize_memory)
+            converted += 1
+        elif isinstance(child, torch.nn.Linear):
+            setattr(model, name, vendor.fp8_linear(child, minimize_memory=minimize_memory))
+            converted += 1
+        elif _is_fp8_fused_sdpa(child):
+            setattr(model, name, _FP8FusedSDPA(child, vendor))
+            converted += 1
+        else:
+            converted += convert_linears(child, vendor)
     return converted
+
+
+def wrap_gradient_checkpointing(model: torch.nn.Module, vendor: ModuleType, recipe: Any) -> int:
+    """Make the recompute of every gradient-checkpointed block run in fp8 as its forward did.
+
+    `transformers` models with `gradient_checkpointing` on call `module._gradient_checkpointing_func(block, ...)`;
+    the block is wrapped with the vendor's `activation_checkpointing` (as Gaudi's Accelerator does). Returns
+    how many modules were wrapped; call it after `gradient_checkpointing_enable()`.
+    """
+    wrapped = 0
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and func is not None:
+            if getattr(func, "_accel_fp8_recompute", False):
+                continue
+
+            def checkpointed(function: Any, *args: Any, _inner: Any = func, **kwargs: Any) -> Any:
+                return _inner(vendor.activation_checkpointing(function, recipe), *args, **kwargs)
+
+            checkpointed._accel_fp8_recompute = True  # type: ignore[attr-defined]
+            module._gradient_checkpointing_func = checkpointed
+            wrapped += 1
+    return wrapped

@@ -39,6 +39,11 @@ def init_distributed() -> None:
     import habana_frameworks.torch.distributed.hccl  # noqa: F401
 
 
+def device_name() -> str:
+    """The Gaudi generation: "GAUDI" (Gaudi1), "GAUDI2", "GAUDI3"."""
+    return str(_hpu.get_device_name()).upper()
+
+
 def is_lazy() -> bool:
     """Whether the bridge runs in lazy mode (`PT_HPU_LAZY_MODE=1`), where graphs run at `mark_step`."""
     return bool(_is_lazy())
@@ -88,7 +93,7 @@ def make_fp8_recipe(
     )
 
 
-def fp8_linear(linear: torch.nn.Linear) -> torch.nn.Module:
+def fp8_linear(linear: torch.nn.Linear, *, minimize_memory: bool = False) -> torch.nn.Module:
     """A transformer-engine Linear that shares `linear`'s weight and bias Parameters."""
     module = _te().Linear(
         linear.in_features,
@@ -96,6 +101,7 @@ def fp8_linear(linear: torch.nn.Linear) -> torch.nn.Module:
         bias=linear.bias is not None,
         params_dtype=linear.weight.dtype,
         skip_weight_param_allocation=True,
+        minimize_memory=minimize_memory,
     )
     module.weight = linear.weight
     if linear.bias is not None:
@@ -110,3 +116,24 @@ def is_fp8_linear(module: torch.nn.Module) -> bool:
 def fp8_autocast(recipe: Any) -> Any:
     """Context in which transformer-engine layers compute in fp8 with `recipe`."""
     return _te().fp8_autocast(enabled=True, fp8_recipe=recipe)
+
+
+def fp8_fused_attention(*, scale: float | None, attention_dropout: float, enable_recompute: bool) -> torch.nn.Module:
+    """transformer engine's fp8 fused SDPA kernel."""
+    return _te().FusedAttention(scale=scale, attention_dropout=attention_dropout, enable_recompute=enable_recompute)
+
+
+def activation_checkpointing(function: Any, recipe: Any) -> Any:
+    """`function` marked for transformer engine's activation checkpointing, so its recompute
+    during backward runs with the forward's fp8 state."""
+    return _te().distributed.activation_checkpointing()(function)
+
+
+def fused_optimizers() -> tuple[Any, Any]:
+    """(FusedAdamW, FusedClipNorm) from hpex, or (None, None) where this stack lacks them."""
+    try:
+        from habana_frameworks.torch.hpex.normalization import FusedClipNorm
+        from habana_frameworks.torch.hpex.optimizers import FusedAdamW
+    except ImportError:
+        return None, None
+    return FusedAdamW, FusedClipNorm

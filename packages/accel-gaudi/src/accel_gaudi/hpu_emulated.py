@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from accel import fp8_emulation as f8
+from accel.testing.emulated import DeviceGenerators
 from torch import nn
 
 COMPILE_BACKEND = "inductor"
@@ -42,6 +43,13 @@ def init_distributed() -> None:
     calls["init_distributed"] += 1
 
 
+def device_name() -> str:
+    """The Gaudi generation as `torch.hpu.get_device_name()` reports it ("GAUDI", "GAUDI2", "GAUDI3").
+
+    Emulated: `ACCEL_GAUDI_EMULATED_DEVICE` (default "GAUDI2"), so tests can stand for a Gaudi1."""
+    return os.environ.get("ACCEL_GAUDI_EMULATED_DEVICE", "GAUDI2").upper()
+
+
 def is_lazy() -> bool:
     """Lazy mode as Habana's bridge reads it: `PT_HPU_LAZY_MODE`, on unless set to 0."""
     return os.environ.get("PT_HPU_LAZY_MODE", "1") != "0"
@@ -51,17 +59,25 @@ def mark_step() -> None:
     calls["mark_step"] += 1
 
 
-def get_rng_state() -> None:
-    # The emulated device draws from the host generator, which accel already saves.
-    return None
+_rng = DeviceGenerators(1)  # one HPU per process
 
 
-def set_rng_state(state: Any) -> None:
-    return None
+def generator(index: int = 0) -> torch.Generator:
+    """The emulated HPU's generator (the conformance kit's device dropout draws from it)."""
+    return _rng.generator(index)
+
+
+def get_rng_state() -> list[torch.Tensor]:
+    return _rng.get_rng_state()
+
+
+def set_rng_state(state: list[torch.Tensor]) -> None:
+    _rng.set_rng_state(state)
 
 
 def manual_seed(seed: int) -> None:
     calls["manual_seed"] += 1
+    _rng.manual_seed(seed)
 
 
 # ---- fp8: stands for habana_frameworks.torch.hpex.experimental.transformer_engine ----------
@@ -72,7 +88,7 @@ class DelayedScaling(f8.Float8Recipe):
     """Stands for `transformer_engine.recipe.DelayedScaling`: the core's emulated recipe, delayed."""
 
     scaling: str = "delayed"
-    reduce_amax: bool = True
+    reduce_amax: bool = False
     """Recorded as the vendor recipe has it; emulated ranks scale by their own amax."""
 
 
@@ -88,9 +104,77 @@ class Linear(f8.Float8Linear):
     """Stands for transformer engine's `Linear`: fp8 compute inside `fp8_autocast`, plain outside,
     holding the converted layer's Parameters."""
 
+    minimize_memory: bool = False
+    """Recorded as the vendor layer takes it (`PT_HPU_FP8_MINIMIZE_MEMORY`); no effect on the CPU."""
 
-def fp8_linear(linear: nn.Linear) -> nn.Module:
-    return Linear(linear)
+
+def fp8_linear(linear: nn.Linear, *, minimize_memory: bool = False) -> nn.Module:
+    layer = Linear(linear)
+    layer.minimize_memory = minimize_memory
+    return layer
+
+
+class FusedAttention(nn.Module):
+    """Stands for transformer engine's `FusedAttention` (fp8 fused SDPA): inside `fp8_autocast`
+    query, key and value are quantised per tensor (E4M3, current amax) before the attention."""
+
+    def __init__(self, *, scale: float | None, attention_dropout: float, enable_recompute: bool) -> None:
+        super().__init__()
+        self.scale, self.attention_dropout, self.enable_recompute = scale, attention_dropout, enable_recompute
+
+    def forward(self, query: Any, key: Any, value: Any, attn_mask: Any, is_causal: bool, softmax_mode: Any) -> Any:
+        if f8._active:
+            fmax = torch.finfo(torch.float8_e4m3fn).max
+            query, key, value = (
+                f8.quantize(t, fmax / t.detach().abs().max().clamp(min=1e-12), torch.float8_e4m3fn)
+                for t in (query, key, value)
+            )
+        dropout = self.attention_dropout if self.training else 0.0
+        return nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, scale=self.scale
+        )
+
+
+def fp8_fused_attention(*, scale: float | None, attention_dropout: float, enable_recompute: bool) -> nn.Module:
+    return FusedAttention(scale=scale, attention_dropout=attention_dropout, enable_recompute=enable_recompute)
+
+
+def activation_checkpointing(function: Any, recipe: Any) -> Any:
+    """Stands for `transformer_engine.distributed.activation_checkpointing()(function)`: the emulated
+    layers read the recipe from the active context, so `function` enters it itself; a recompute
+    during backward (outside the forward's context) then quantises as the forward did."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with fp8_autocast(recipe):
+            return function(*args, **kwargs)
+
+    return run
+
+
+def fused_optimizers() -> tuple[Any, Any]:
+    """(FusedAdamW, FusedClipNorm) from `habana_frameworks.torch.hpex`: emulated, `torch.optim.AdamW`
+    (Habana's fused version computes the same update) and the clip-norm stand-in below."""
+    return EmulatedFusedAdamW, FusedClipNorm
+
+
+class EmulatedFusedAdamW(torch.optim.AdamW):
+    """Stands for `hpex.optimizers.FusedAdamW`: the same AdamW update, counted per step."""
+
+    def step(self, closure: Any = None) -> Any:
+        calls["fused_adamw_step"] += 1
+        return super().step(closure)
+
+
+class FusedClipNorm:
+    """Stands for `hpex.normalization.FusedClipNorm(parameters, max_norm)`: `clip_norm(parameters)`
+    clips to `max_norm` and returns the total norm (counted)."""
+
+    def __init__(self, parameters: Any, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def clip_norm(self, parameters: Any) -> torch.Tensor:
+        calls["fused_clip_norm"] += 1
+        return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm)
 
 
 def is_fp8_linear(module: nn.Module) -> bool:

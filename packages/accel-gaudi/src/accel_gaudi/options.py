@@ -14,6 +14,7 @@ from typing import ClassVar
 from accel.adapter_options import AdapterOptions, option
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
+AUTOCAST_POLICIES = ("native_amp", "always")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -48,10 +49,33 @@ class GaudiOptions(AdapterOptions):
         flag="--force-autocast",
         help="gaudi: run the forward under bf16 autocast whatever --mixed-precision says",
     )
-    """Run the model's forward under bf16 autocast even when `mixed_precision` is "no" or
-    "fp8" (non-fp8 layers then compute in bf16); outputs come back as fp32."""
+    """Wrap the model's forward in bf16 autocast. Under the default `autocast_policy`
+    ("native_amp", Gaudi's own rule) only with `mixed_precision="bf16"`: without this flag a
+    bf16 run leaves the forward unwrapped (Gaudi's Trainer autocasts around it). Under
+    `autocast_policy="always"` it also wraps the forward when `mixed_precision` is "no" or
+    "fp8"; outputs come back as fp32."""
+    autocast_policy: str = option(
+        "native_amp",
+        env="ACCEL_GAUDI_AUTOCAST_POLICY",
+        flag="--autocast-policy",
+        choices=AUTOCAST_POLICIES,
+        help="gaudi: 'native_amp' (autocast only bf16 runs with --force-autocast, as Gaudi's Accelerator) or "
+        "'always' (every bf16 run, and --force-autocast whatever --mixed-precision says)",
+    )
+    """When the forward runs under bf16 autocast. "native_amp" (default, as optimum-habana's
+    `GaudiAccelerator`: `native_amp and force_autocast`): only `mixed_precision="bf16"` with
+    `force_autocast`. "always" (portable scripts, the same as on other accelerators):
+    `mixed_precision="bf16"` always, and `force_autocast` under any `mixed_precision`."""
     fp8: bool = option(
         False, env="ACCEL_GAUDI_FP8", flag="--fp8", help="gaudi: convert Linear layers to Habana's fp8 Linear"
     )
     """Convert `nn.Linear` layers to Habana's fp8 Linear whatever `mixed_precision` says
     (usually combined with bf16 for the rest of the model)."""
+    fused_optimizers: bool = option(
+        True,
+        env="ACCEL_GAUDI_FUSED_OPTIMIZERS",
+        flag="--fused-optimizers",
+        help="gaudi: replace torch AdamW with Habana's FusedAdamW and clip with FusedClipNorm where present",
+    )
+    """Use Habana's `FusedAdamW` for a plain `torch.optim.AdamW` and `FusedClipNorm` for
+    `clip_grad_norm_` (2-norm) when the stack has them (as Gaudi's Trainer does); off keeps torch's."""
