@@ -33,7 +33,6 @@ NO_MODULE = {
     "accelerate.big_modeling": "big-model inference is outside accel's scope",
     "accelerate.hooks": "big-model inference hooks (offloading, device maps) are outside accel's scope",
     "accelerate.inference": "pipeline-parallel inference (PiPPy) is outside accel's scope",
-    "accelerate.parallelism_config": "parallelism is configured with `Accelerator(strategy=..., strategy_config=...)`",
 }
 # Names accel has with a difference worth knowing.
 NOTES = {
@@ -56,8 +55,8 @@ NOTES = {
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
     "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
-    "parallelism_config": "always None: accel configures parallelism with strategies",
-    "torch_device_mesh": "the FSDP2 strategy's mesh, else None",
+    "parallelism_config": "the ParallelismConfig given (or built from a launcher's settings); it composes on FSDP2",
+    "torch_device_mesh": "the ParallelismConfig's named mesh, else the FSDP2 strategy's 1-D mesh, else None",
     "multi_device": "True for data-parallel runs on accelerator devices (False on CPUs, as in Accelerate)",
     "join_uneven_inputs": "DDP models join on every device (not only GPUs); other models warn and do nothing",
     "maybe_context_parallel": "warns and does nothing: accel has no context parallelism",

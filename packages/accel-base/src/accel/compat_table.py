@@ -72,6 +72,9 @@ REASONS: dict[str, str] = {
     ),
     r"TorchTensorParallelPlugin|DeepSpeedSequenceParallelConfig": _PARALLEL,
     r"get_model_tp_size|torch_tp_plugin": _PARALLEL,
+    r"device_mesh|parallelism_config": (
+        "read them from the Accelerator: `accelerator.torch_device_mesh`, `accelerator.parallelism_config`"
+    ),
     r"fsdp2_.*|(load|save)_fsdp_(model|optimizer)|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
     r"ensure_weights_retied|get_fsdp2_grad_scaler|compile_regions_(fsdp2|deepspeed)|GatheredParameters": _STRATEGY,
     r"deepspeed_engine_wrapped|deepspeed_plugins|get_deepspeed_plugin|select_deepspeed_plugin": (
