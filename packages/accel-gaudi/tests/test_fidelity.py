@@ -244,3 +244,30 @@ def test_deepspeed_defaults_switch_habanas_deepspeed_to_hpu(monkeypatch):
     monkeypatch.setenv("DEEPSPEED_USE_HPU", "false")  # the user's choice stays
     adapter.strategy_defaults("deepspeed")
     assert os.environ["DEEPSPEED_USE_HPU"] == "false"
+
+
+# ---- data loaders -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("world", "workers", "spawned"), [(16, 2, True), (8, 2, False), (16, 0, False)])
+def test_large_worlds_give_data_loader_workers_the_spawn_context(world, workers, spawned):
+    from accel.prepare import PrepareContext
+    from accel.strategies.base import Strategy
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=workers)
+    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=world)
+    GaudiAdapter(emulate=True).before_prepare([loader], ctx)
+    context = loader.multiprocessing_context
+    assert (context is not None and context.get_start_method() == "spawn") is spawned
+    assert spawned or context is None
+
+
+def test_a_loaders_own_multiprocessing_context_is_kept():
+    import multiprocessing
+
+    from accel.prepare import PrepareContext
+    from accel.strategies.base import Strategy
+
+    forked = multiprocessing.get_context("forkserver")
+    loader = torch.utils.data.DataLoader(list(range(8)), num_workers=2, multiprocessing_context=forked)
+    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=16)
+    GaudiAdapter(emulate=True).before_prepare([loader], ctx)
+    assert loader.multiprocessing_context is forked

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import multiprocessing
 import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,6 +24,9 @@ from .options import GaudiOptions
 if TYPE_CHECKING:
     from accel.prepare import PrepareContext
 
+
+SPAWN_WORKERS_ABOVE = 8
+"""World sizes above this get `spawn` data-loader workers (Gaudi's `WORLD_SIZE > 8` rule)."""
 
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
 """The `gradient_clipping` Gaudi users get from DeepSpeed when they set none."""
@@ -118,6 +122,21 @@ class GaudiAdapter(Adapter):
         if self.config.autocast_policy == "always":
             return mixed_precision == "bf16" or self.config.force_autocast
         return mixed_precision == "bf16" and self.config.force_autocast
+
+    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+        """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
+        than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
+        processes and no multiprocessing context of its own gets the `spawn` context."""
+        if ctx.num_processes <= SPAWN_WORKERS_ABOVE:
+            return
+        for obj in objects:
+            if (
+                isinstance(obj, torch.utils.data.DataLoader)
+                and obj.num_workers > 0
+                and obj.multiprocessing_context is None
+                and not getattr(obj, "_is_accelerate_prepared", False)
+            ):
+                obj.multiprocessing_context = multiprocessing.get_context("spawn")
 
     def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         fp8 = ctx.mixed_precision == "fp8" or self.config.fp8
