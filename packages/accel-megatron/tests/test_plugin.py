@@ -204,3 +204,19 @@ def test_bf16_uses_megatron_cores_mixed_precision_optimizer(megatron_world) -> N
     assert sorted(weights) == sorted(ref_weights), "the unwrapped model keeps the one-process names"
     assert losses != reference, "bf16 arithmetic ran"
     assert losses == pytest.approx(reference, rel=5e-3)
+
+
+def test_fp16_backward_scales_the_loss_by_megatron_cores_loss_scale() -> None:
+    """fp16 (CUDA only; the CPU adapter refuses it): backward multiplies by the optimizer's loss scale,
+    which megatron-core's Float16Optimizer divides out again before its step."""
+    from types import SimpleNamespace
+
+    strategy = MegatronStrategy(MegatronPlugin())
+    w = torch.nn.Parameter(torch.tensor(3.0))
+    model = torch.nn.Module()
+    model.config = SimpleNamespace(fp16=True, grad_scale_func=lambda loss: loss * 1024.0)  # type: ignore[assignment]
+    strategy.models.append(model)
+    assert strategy.backward(w * 2.0, sync=True) is True
+    assert w.grad == 2.0 * 1024.0
+    model.config.fp16 = False
+    assert strategy.backward(w * 2.0, sync=True) is False, "bf16 and fp32: the ordinary backward"

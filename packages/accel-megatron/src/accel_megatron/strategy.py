@@ -129,7 +129,8 @@ class MegatronStrategy(Strategy):
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
-        scaler = next((m.config.grad_scale_func for m in self.models if getattr(m.config, "fp16", False)), None)
+        configs: list[Any] = [getattr(m, "config", None) for m in self.models]
+        scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
         if scaler is None:
             return False
         scaler(loss).backward(**kwargs)

@@ -91,7 +91,8 @@ class XLAFSDPv2Strategy(Strategy):
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self._vendor is not None and self._vendor.is_fsdp_v2(model):
-            return model.module  # type: ignore[no-any-return]
+            inner: torch.nn.Module = model.module  # type: ignore[assignment]
+            return inner
         return model
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
