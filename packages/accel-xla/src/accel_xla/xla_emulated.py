@@ -88,16 +88,28 @@ def device_loader(batches: Iterable[Any], device: torch.device) -> Iterator[Any]
         yield send_to_device(batch, device)
 
 
+_seed = [0]
+"""The emulated device's RNG state: one integer, as `xm.get_rng_state()` returns."""
+
+
+def generator(index: int = 0) -> torch.Generator:
+    """A generator for the next draw on the emulated device, seeded from the device's integer
+    state, which then advances (as XLA derives each execution's seed and moves it on)."""
+    gen = torch.Generator().manual_seed(_seed[0])
+    _seed[0] = (_seed[0] * 6364136223846793005 + 1442695040888963407) % 2**63
+    return gen
+
+
 def get_rng_state() -> int:
-    return 0
+    return _seed[0]
 
 
 def set_rng_state(state: int) -> None:
-    return None
+    _seed[0] = int(state)
 
 
 def manual_seed(seed: int) -> None:
-    return None
+    _seed[0] = int(seed)
 
 
 def counters() -> dict[str, int]:

@@ -122,6 +122,8 @@ class AdapterConformanceSuite:
             names.append("compile")
         if cls.emulated():
             names.append("emulation")
+            if cls.adapter_class().hardware_device_type != "cpu":
+                names.append("vendor")
         return names
 
     @pytest.fixture(scope="class")
@@ -344,6 +346,96 @@ class AdapterConformanceSuite:
         for r in kit.get("emulation"):
             assert r["emulate"]
             assert r["emulated"] == r["hardware"], "emulation changed a wrapping decision"
+
+    # ---- the adapter's vendor code, under emulation ----------------------------------------------------------
+    def _vendor(self, kit: KitRun) -> list[dict[str, Any]]:
+        """Every rank's `vendor` report; skips where the vendor checks do not apply."""
+        if not self.emulated():
+            pytest.skip("runs only under emulation (it instruments the adapter's emulated vendor module)")
+        if self.adapter_class().hardware_device_type == "cpu":
+            pytest.skip("the adapter's hardware device is the CPU: no device to make current, no device generators")
+        ranks = kit.get("vendor")
+        for r in ranks:
+            if not r["instrumented"]:
+                pytest.fail(
+                    f"the {self.adapter!r} adapter declares no emulated vendor module (Adapter.emulated_vendor_module), "
+                    "so nothing stands for its device calls: no set_device, no device RNG, no vendor code to check. "
+                    "Put the vendor calls in one module (vendor_module) with a CPU stand-in (emulated_vendor_module; "
+                    "accel.testing.emulated has the pieces)."
+                )
+        return ranks
+
+    def test_vendor_device_made_current_before_process_group(self, kit: KitRun) -> None:
+        for r in self._vendor(kit):
+            calls = r["before_process_group"]
+            assert calls, (
+                f"rank {r['local_rank']}: no call into {r['emulated_vendor_module']} was made before the process "
+                "group started: the adapter's set_device (or before_process_group) must make the device current "
+                "(and register the backend) through its vendor module"
+            )
+            indices = [
+                a if isinstance(a, int) else a["index"]
+                for c in calls
+                for a in c["args"]
+                if (isinstance(a, int) and not isinstance(a, bool))
+                or (isinstance(a, dict) and a.get("index") is not None)
+            ]
+            if indices:
+                assert r["local_rank"] in indices, (
+                    f"rank {r['local_rank']}: the device was made current with index {indices}, not the local rank "
+                    f"(calls before the process group: {calls})"
+                )
+
+    def test_vendor_device_rng_is_seeded_consumed_and_restored(self, kit: KitRun) -> None:
+        for r in self._vendor(kit):
+            module = r["emulated_vendor_module"]
+            assert r["has_generator"], (
+                f"{module} has no `generator(index)`: the kit cannot draw from the emulated device's random "
+                "generator (accel.testing.emulated.DeviceGenerators provides one per device)"
+            )
+            rng = r["rng"]
+            assert rng["seeded_equal"] and rng["seed_changes_draws"], (
+                "set_seed does not seed the device generators: the adapter's manual_seed never reaches "
+                f"{module}.manual_seed (set_seed called {rng['set_seed_calls'] or 'nothing'} there)"
+            )
+            assert rng["consumed_by_training"], "the kit's training (dropout on the device generator) drew nothing"
+            assert rng["resumed_equal"], (
+                "load_state did not restore the device generators exactly: the adapter's get_device_rng_state/"
+                f"set_device_rng_state must save and restore {module}'s state (save_state called "
+                f"{rng['save_state_calls'] or 'nothing'} there, load_state {rng['load_state_calls'] or 'nothing'}); "
+                f"losses after resuming {rng['losses_resumed']} vs uninterrupted {rng['losses_uninterrupted']}"
+            )
+
+    def test_vendor_module_is_used_by_the_hooks(self, kit: KitRun) -> None:
+        for r in self._vendor(kit):
+            module = r["emulated_vendor_module"]
+            missing = []
+            if not r["all_calls"]:
+                missing.append(f"the adapter never called {module}")
+            rng = r.get("rng") or {}
+            for hook, key in (
+                ("manual_seed (set_seed)", "set_seed_calls"),
+                ("get_device_rng_state (save_state)", "save_state_calls"),
+                ("set_device_rng_state (load_state)", "load_state_calls"),
+            ):
+                if rng and not rng[key]:
+                    missing.append(f"{hook} made no call into {module}")
+            assert not missing, "the vendor module is not used by the adapter's hooks: " + "; ".join(missing)
+
+    def test_vendor_grad_scaler_is_used_under_fp16(self, kit: KitRun) -> None:
+        if "fp16" not in kit.capabilities.precisions:
+            pytest.skip("the adapter does not claim mixed_precision='fp16' (Capabilities.precisions)")
+        for r in self._vendor(kit):
+            scaler = r["scaler"]
+            assert scaler["used"] is not None, "mixed_precision='fp16' prepared no grad scaler"
+            if scaler["vendor"] is not None:
+                assert scaler["used_is_vendor"], (
+                    f"{r['emulated_vendor_module']}.GradScaler exists but fp16 used {scaler['used']}: "
+                    "the adapter's make_grad_scaler must build the vendor's scaler"
+                )
+            assert scaler["used"] == scaler["adapter"], (
+                f"fp16 used {scaler['used']}, not the adapter's make_grad_scaler ({scaler['adapter']})"
+            )
 
 
 def _split_sizes(n: int, world: int) -> list[int]:

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from accel.state import AcceleratorState, GradientState
-from accel.testing import checks_models  # noqa: F401  (registers its checks)
+from accel.testing import (
+    checks_models,  # noqa: F401  (registers its checks)
+    checks_vendor,
+)
 from accel.testing.checks import CHECKS
 
 
@@ -37,6 +40,7 @@ def run(out: Path, names: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     out, names = Path(argv[0]), argv[1:]
+    checks_vendor.instrument_vendor()  # before the first Accelerator starts the process group
     results = run(out, names)
     rank = int(os.environ.get("RANK", "0"))
     tmp = out / f".rank{rank}.json.tmp"

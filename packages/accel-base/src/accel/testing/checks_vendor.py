@@ -1,0 +1,181 @@
+"""Conformance checks about the adapter's vendor code, run under emulation.
+
+The worker instruments the adapter's emulated vendor module (`instrument_vendor`, before
+the first Accelerator starts the process group), so every call the adapter makes into it
+is recorded. The `vendor` check then reports what a real device needs from the adapter:
+that a vendor call made the device current before the process group started, that the
+device generators (`generator(index)` of the stand-in) are seeded by `set_seed`, consumed by
+training and restored exactly by `load_state`, which hooks reached the vendor module, and
+which grad scaler fp16 used. The suite judges it (`AdapterConformanceSuite.test_vendor_*`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..accelerator import Accelerator
+from ..registry import get_adapter_class
+from ..utils import set_seed
+from .checks import _rank_world, check
+from .emulated import CallRecord, record_calls
+
+_RECORD: CallRecord | None = None
+
+
+def instrument_vendor() -> None:
+    """Record calls into the launched adapter's emulated vendor module (no-op when not emulated)."""
+    global _RECORD
+    name = os.environ.get("ACCEL_ADAPTER")
+    if os.environ.get("ACCEL_EMULATE") != "1" or not name:
+        return
+    try:
+        cls = get_adapter_class(name)
+    except Exception:
+        return
+    if cls.emulated_vendor_module:
+        _RECORD = record_calls(importlib.import_module(cls.emulated_vendor_module))
+
+
+class _DeviceDropout(torch.nn.Module):
+    """Dropout whose mask is drawn from the emulated device's generator, as device code draws."""
+
+    def __init__(self, generator: Callable[[], torch.Generator]) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.rand(x.shape, generator=self.generator()) >= 0.5
+        return x * mask.to(x.dtype) * 2.0
+
+
+def _generator(vendor: Any, local_rank: int) -> Callable[[], torch.Generator] | None:
+    """This rank's device generator, fetched anew for each draw (a stand-in may hand out a fresh one)."""
+    make = getattr(vendor, "generator", None)
+    if make is None:
+        return None
+    count = getattr(vendor, "device_count", None)
+    index = local_rank if count is None or local_rank < int(count()) else 0
+    return lambda: make(index)  # type: ignore[no-any-return]
+
+
+def _state(vendor: Any, gen: Callable[[], torch.Generator]) -> bytes:
+    """The device RNG state, comparable: the stand-in's `get_rng_state()`, else the generator's."""
+    get = getattr(vendor, "get_rng_state", None)
+    state = get() if get is not None else gen().get_state()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _device_rng(out: Path, acc: Accelerator, gen: Callable[[], torch.Generator]) -> dict[str, Any]:
+    """Seed, train with device dropout, save, train, load, train again: what the generator did."""
+    from .problems import HIDDEN, IN, LR, OUT, PER_RANK, make_data
+
+    rank, world = _rank_world()
+    record = _RECORD
+    first = len(record.calls) if record else 0
+    set_seed(1234)
+    seeded_calls = record.since(first) if record else []
+    seeded = torch.rand(8, generator=gen()).tolist()
+    set_seed(1234)
+    reseeded = torch.rand(8, generator=gen()).tolist()
+    set_seed(4321)
+    other_seed = torch.rand(8, generator=gen()).tolist()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(IN, HIDDEN), _DeviceDropout(gen), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    model, opt = acc.prepare(model, opt)
+    x, y = make_data(6 * PER_RANK * world)
+
+    def train(steps: range) -> list[float]:
+        losses = []
+        for step in steps:
+            s = slice((step * world + rank) * PER_RANK, (step * world + rank + 1) * PER_RANK)
+            loss = torch.nn.functional.mse_loss(model(x[s].to(acc.device)), y[s].to(acc.device))
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        return losses
+
+    vendor = acc.adapter.vendor
+    before = _state(vendor, gen)
+    train(range(2))
+    consumed = before != _state(vendor, gen)
+    mark = len(record.calls) if record else 0
+    acc.save_state(out / "vendor-rng")
+    saved_calls = record.since(mark) if record else []
+    uninterrupted = train(range(2, 4))
+    set_seed(999)  # whatever the generator holds now, load_state must restore the saved one
+    mark = len(record.calls) if record else 0
+    acc.load_state(out / "vendor-rng")
+    loaded_calls = record.since(mark) if record else []
+    resumed = train(range(2, 4))
+    return {
+        "seeded_equal": seeded == reseeded,
+        "seed_changes_draws": seeded != other_seed,
+        "consumed_by_training": consumed,
+        "resumed_equal": uninterrupted == resumed,
+        "losses_uninterrupted": uninterrupted,
+        "losses_resumed": resumed,
+        "set_seed_calls": seeded_calls,
+        "save_state_calls": saved_calls,
+        "load_state_calls": loaded_calls,
+    }
+
+
+@check("vendor")
+def vendor(out: Path, __: str) -> dict[str, Any]:
+    acc = Accelerator()
+    adapter = acc.adapter
+    cls = type(adapter)
+    result: dict[str, Any] = {
+        "emulated_vendor_module": cls.emulated_vendor_module,
+        "vendor_module": cls.vendor_module,
+        "hardware_device_type": cls.hardware_device_type,
+        "local_rank": acc.local_process_index,
+        "instrumented": _RECORD is not None,
+    }
+    if _RECORD is None:
+        return result
+    result["before_process_group"] = [
+        {"name": c.name, "args": [_describe(a) for a in c.args]} for c in _RECORD.calls if not c.process_group_started
+    ]
+    gen = _generator(adapter.vendor, acc.local_process_index)
+    result["has_generator"] = gen is not None
+    if gen is not None:
+        result["rng"] = _device_rng(out, acc, gen)
+    if "fp16" in cls.capabilities.precisions:
+        from ..state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+        fp16 = Accelerator(mixed_precision="fp16")
+        own = fp16.adapter.make_grad_scaler("fp16")
+        vendor_scaler = getattr(fp16.adapter.vendor, "GradScaler", None)
+        result["scaler"] = {
+            "used": type(fp16.scaler).__qualname__ if fp16.scaler is not None else None,
+            "adapter": type(own).__qualname__ if own is not None else None,
+            "vendor": vendor_scaler.__qualname__ if isinstance(vendor_scaler, type) else None,
+            "used_is_vendor": isinstance(vendor_scaler, type) and isinstance(fp16.scaler, vendor_scaler),
+        }
+    result["all_calls"] = sorted(set(_RECORD.names()))
+    return result
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.device):
+        return {"device": value.type, "index": value.index}
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return type(value).__name__

@@ -1,0 +1,56 @@
+"""`realnpu`: an adapter whose device calls all reach its vendor module; `hollownpu`: the same
+with every device hook deleted."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from accel.adapter import Adapter, Availability, Capabilities
+
+
+class RealNPUAdapter(Adapter):
+    name: ClassVar[str] = "realnpu"
+    hardware_device_type: ClassVar[str] = "npu"
+    hardware_backend: ClassVar[str] = "hccl"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        precisions=frozenset({"no", "fp16"}), strategies=frozenset({"ddp"}), multi_process=True
+    )
+    vendor_module: ClassVar[str] = "kit_npu.npu"
+    emulated_vendor_module: ClassVar[str] = "kit_npu.npu_emulated"
+    local_index = 0
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability(available=False, reason="no NPU in the kit's own tests")
+
+    def device_for(self, local_rank: int) -> torch.device:
+        self.local_index = local_rank
+        return super().device_for(local_rank)
+
+    def set_device(self, device: torch.device) -> None:
+        self.vendor.set_device(self.local_index)
+
+    def make_grad_scaler(self, precision: str, **kwargs: Any) -> torch.amp.GradScaler | None:
+        return self.vendor.GradScaler(self.device_type, **kwargs) if precision == "fp16" else None
+
+
+class HollowNPUAdapter(RealNPUAdapter):
+    """Every device hook deleted: the vendor module is never reached."""
+
+    name: ClassVar[str] = "hollownpu"
+
+    def set_device(self, device: torch.device) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> None:
+        pass
+
+    def get_device_rng_state(self) -> Any:
+        return None
+
+    def set_device_rng_state(self, state: Any) -> None:
+        pass
+
+    def make_grad_scaler(self, precision: str, **kwargs: Any) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device_type, **kwargs) if precision == "fp16" else None

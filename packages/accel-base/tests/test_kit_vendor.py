@@ -1,0 +1,130 @@
+"""The kit's vendor checks (issue 18): an adapter whose device hooks reach its vendor module
+passes them; the same adapter with every device hook deleted fails each, by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from accel.adapter import Adapter
+from accel.testing import AdapterConformanceSuite, KitRun
+from accel.testing.emulated import DeviceGenerators, device_count_from_env, record_calls
+
+FIXTURES = Path(__file__).parent / "kit_fixtures"
+VENDOR_TESTS = (
+    "test_vendor_device_made_current_before_process_group",
+    "test_vendor_device_rng_is_seeded_consumed_and_restored",
+    "test_vendor_module_is_used_by_the_hooks",
+    "test_vendor_grad_scaler_is_used_under_fp16",
+)
+
+
+def _launch(adapter: str, out: Path) -> KitRun:
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        from kit_npu.adapter import HollowNPUAdapter, RealNPUAdapter
+    finally:
+        sys.path.remove(str(FIXTURES))
+    cls = {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter}[adapter]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--adapter", adapter, "--emulate"]
+    cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2) if (out / f"rank{r}.json").is_file()]
+    return KitRun(2, cls.capabilities, out, results, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+
+
+def _suite(cls_name: str) -> AdapterConformanceSuite:
+    class Kit(AdapterConformanceSuite):
+        adapter: ClassVar[str] = cls_name
+        emulate: ClassVar[bool | None] = True
+
+        @classmethod
+        def adapter_class(cls) -> type[Adapter]:
+            sys.path.insert(0, str(FIXTURES))
+            try:
+                from kit_npu import adapter as module
+            finally:
+                sys.path.remove(str(FIXTURES))
+            return module.RealNPUAdapter if cls_name == "realnpu" else module.HollowNPUAdapter
+
+    return Kit()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KitRun]:
+    return {name: _launch(name, tmp_path_factory.mktemp(name)) for name in ("realnpu", "hollownpu")}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("test", VENDOR_TESTS)
+def test_an_adapter_that_reaches_its_vendor_passes(runs: dict[str, KitRun], test: str) -> None:
+    getattr(_suite("realnpu"), test)(runs["realnpu"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("test", "names"),
+    [
+        (VENDOR_TESTS[0], "set_device (or before_process_group) must make the device current"),
+        (VENDOR_TESTS[1], "set_seed does not seed the device generators"),
+        (VENDOR_TESTS[2], "manual_seed (set_seed) made no call into kit_npu.npu_emulated"),
+        (VENDOR_TESTS[3], "kit_npu.npu_emulated.GradScaler exists but fp16 used GradScaler"),
+    ],
+)
+def test_the_hollow_adapter_fails_each_vendor_check_by_name(runs: dict[str, KitRun], test: str, names: str) -> None:
+    with pytest.raises(AssertionError) as failure:
+        getattr(_suite("hollownpu"), test)(runs["hollownpu"])
+    assert names in str(failure.value)
+
+
+def test_hollow_rng_failure_names_load_state_once_seeding_works(runs: dict[str, KitRun]) -> None:
+    """With seeding faked good, the next missing piece (restore) is the one named."""
+    rng = runs["hollownpu"].get("vendor")[0]["rng"]
+    assert rng["consumed_by_training"], "the kit's training must draw from the device generator"
+    assert not rng["resumed_equal"], "without set_device_rng_state, resuming cannot replay the device dropout"
+
+
+def test_an_adapter_without_a_stand_in_fails_naming_it() -> None:
+    run = KitRun(
+        1,
+        _suite("hollownpu").adapter_class().capabilities,
+        Path("."),
+        [{"vendor": {"ok": {"instrumented": False}}}],
+        "",
+    )
+    with pytest.raises(pytest.fail.Exception, match="declares no emulated vendor module"):
+        _suite("hollownpu").test_vendor_module_is_used_by_the_hooks(run)
+
+
+def test_stand_in_base_records_calls_and_restores_generators() -> None:
+    import types
+
+    module = types.ModuleType("fake_vendor")
+    exec("def set_device(i):\n    return i * 2\n", module.__dict__)
+    record = record_calls(module)
+    assert module.set_device(3) == 6 and record.names() == ["set_device"] and record.calls[0].args == (3,)
+    assert record_calls(module) is record  # idempotent: never wrapped twice
+    gens = DeviceGenerators(2)
+    gens.manual_seed(5)
+    state = gens.get_rng_state()
+    a = torch.rand(3, generator=gens.generator(1))
+    gens.set_rng_state(state)
+    assert torch.equal(a, torch.rand(3, generator=gens.generator(1)))
+    assert torch.equal(a, torch.rand(3, generator=torch.Generator().manual_seed(5)))
+
+
+def test_device_count_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert device_count_from_env() == 3 and device_count_from_env("NPU_VISIBLE_DEVICES") == 3
+    monkeypatch.setenv("NPU_VISIBLE_DEVICES", "0,1")
+    assert device_count_from_env("NPU_VISIBLE_DEVICES") == 2
+    monkeypatch.setenv("NPU_VISIBLE_DEVICES", "-1")
+    assert device_count_from_env("NPU_VISIBLE_DEVICES") == 0
