@@ -168,7 +168,34 @@ def ram_efficient_loading(out):
     assert torch.equal(local, Net().embed.weight[acc.process_index * 8 : (acc.process_index + 1) * 8])
     acc.print("OK ram")
 
+def bf16(name, pc):
+    # bf16 under N-D parallelism: computed in bf16 (seen in a hook), losses close to the fp32 reference.
+    AcceleratorState._reset_state(); GradientState._reset_state()
+    ref_losses, _, _ = reference(3)
+    set_seed(0)
+    model = Net()
+    acc = Accelerator(parallelism_config=pc, mixed_precision="bf16")
+    model, opt = acc.prepare(model, make_opt(model.parameters()))
+    dtypes = []
+    model.layers[0].up.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    n_dp, dp_rank = acc._data_shards()
+    for s in range(3):
+        x, y = batch(s)
+        per = x.shape[0] // n_dp
+        with acc.autocast():
+            loss = loss_fn(model(x[dp_rank * per : (dp_rank + 1) * per]), y[dp_rank * per : (dp_rank + 1) * per])
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step(); opt.zero_grad()
+        got = acc.reduce(loss.detach().float(), "mean").item()
+        assert abs(got - ref_losses[s]) < 3e-2 * abs(ref_losses[s]), (name, s, got, ref_losses[s])
+    assert dtypes and all(d == torch.bfloat16 for d in dtypes), dtypes
+    acc.print(f"OK {name}")
+
 out = Path(sys.argv[1])
+if "bf16" in sys.argv:
+    bf16("tp2_bf16", ParallelismConfig(tp_size=2))
+    sys.argv.remove("bf16")
 if "ram" in sys.argv:
     ram_efficient_loading(out)
     sys.argv.remove("ram")
@@ -184,8 +211,9 @@ for name in sys.argv[2:]:
 
 
 def test_tp_and_fsdp_on_two_processes(write_script, tmp_path):
-    proc = launch(write_script(WORKER), str(tmp_path), "ram", "tp2", "fsdp2", timeout=300)
-    assert "OK tp2" in proc.stdout and "OK fsdp2" in proc.stdout and "OK ram" in proc.stdout, proc.stdout
+    proc = launch(write_script(WORKER), str(tmp_path), "bf16", "ram", "tp2", "fsdp2", timeout=300)
+    for name in ("tp2", "fsdp2", "ram", "tp2_bf16"):
+        assert f"OK {name}" in proc.stdout, proc.stdout
 
 
 def test_hsdp_and_fsdp_x_tp_on_four_processes(write_script, tmp_path):
