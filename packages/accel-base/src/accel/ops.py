@@ -87,6 +87,9 @@ def gather(tensor: Any, group: Any = None) -> Any:
 
 
 def _all_gather(t: torch.Tensor, world: int, group: Any = None) -> torch.Tensor:
+    # Not differentiable (as in Accelerate): gather the values, not the autograd graph, so a tensor that
+    # requires grad gathers like any other instead of failing on the collective's in-place output.
+    t = t.detach()
     if t.ndim == 0:
         t = t.clone()[None]
     t = t.contiguous()

@@ -53,6 +53,20 @@ def _timeout_from_env() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def _reset_message(cls_name: str, name: str) -> str:
+    """Accelerate's message for a state attribute read after `_reset_state()` (same text, same type)."""
+    return (
+        f"`{cls_name}` object has no attribute `{name}`. This happens if `{cls_name}._reset_state()` was called and "
+        "an `Accelerator` or `PartialState` was not reinitialized."
+    )
+
+
+def is_initialized() -> bool:
+    """Whether the `AcceleratorState` has been set up (by an `Accelerator`); `AcceleratorState.initialized` as a
+    module function, as in Accelerate."""
+    return bool(AcceleratorState._shared_state.get("_initialized", False))
+
+
 class PartialState:
     """The process group, this process's ranks and its device.
 
@@ -68,6 +82,25 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
+    # Attributes every initialised state has: reading one after `_reset_state()` gets Accelerate's explanation.
+    _known_attrs: list[str] = [
+        "_cpu",
+        "_mixed_precision",
+        "_shared_state",
+        "backend",
+        "debug",
+        "device",
+        "distributed_type",
+        "fork_launched",
+        "local_process_index",
+        "num_processes",
+        "process_index",
+        "adapter",
+        "launch",
+        "emulate",
+        "timeout",
+        "owns_process_group",
+    ]
 
     def __init__(
         self,
@@ -89,6 +122,9 @@ class PartialState:
         adapter_cls = select_adapter(requested, emulate=emulate)
         launch = read_launch_env()
         self.launch: LaunchInfo = launch
+        self._cpu = cpu
+        # Set by `notebook_launcher`'s forked workers (as in Accelerate): the launcher owns the process group.
+        self.fork_launched = _env_flag("FORK_LAUNCHED")
         self.adapter: Adapter = adapter_cls(emulate=emulate, options=adapter_options)
         self.emulate = emulate
         self.num_processes = launch.world_size
@@ -165,6 +201,25 @@ class PartialState:
     def initialized(self) -> bool:
         return self._shared_state.get("_initialized", False)
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes that are not set: explain the ones `_reset_state()` removed.
+        if name in type(self)._known_attrs:
+            raise AttributeError(_reset_message("PartialState", name))
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A state is one per process (Borg): unpickled in a process whose state is set up, it is that live state
+        # (so `pickle.loads(pickle.dumps(s)).__dict__ == s.__dict__`, as Accelerate's tests check); elsewhere it
+        # keeps the pickled values.
+        _restore_shared(self, state)
+
+    def set_device(self) -> None:
+        """Set `self.device` for this process (its adapter's device for the local rank) when it is not set yet."""
+        if self.__dict__.get("device") is not None:
+            return
+        self.device = self.adapter.device_for(self.local_process_index)
+        self.adapter.set_device(self.device)
+
     def __repr__(self) -> str:
         return (
             f"Distributed environment: {self.distributed_type.value}  Backend: {self.backend}\n"
@@ -216,8 +271,17 @@ class PartialState:
         if PartialState._shared_state.get("owns_process_group") and dist.is_initialized():
             dist.destroy_process_group()
 
-    def destroy_process_group(self) -> None:
-        """Tear down the process group this state started."""
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Tear down `group`, or (default) the process group this state started.
+
+        As in Accelerate, nothing happens for the default group in processes that `notebook_launcher` forked
+        (`fork_launched`): the launcher owns that group.
+        """
+        if group is not None:
+            dist.destroy_process_group(group)
+            return
+        if self.fork_launched:
+            return
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
             self.owns_process_group = False
@@ -299,6 +363,14 @@ class PartialState:
             print(*args, **kwargs)
 
 
+def _restore_shared(obj: Any, state: dict[str, Any]) -> None:
+    shared = type(obj)._shared_state
+    if shared.get("_initialized", False):
+        obj.__dict__ = shared
+    else:
+        obj.__dict__.update(state)
+
+
 def _split(inputs: Any, n: int, index: int, apply_padding: bool, device: torch.device) -> Any:
     if isinstance(inputs, dict):
         lengths = {len(v) for v in inputs.values()}
@@ -353,6 +425,16 @@ class AcceleratorState:
     """
 
     _shared_state: dict[str, Any] = {}
+    _known_attrs: list[str] = [
+        *PartialState._known_attrs,
+        "deepspeed_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "dynamo_plugin",
+        "mixed_precision",
+        "strategy_name",
+        "_partial",
+    ]
 
     def __init__(
         self,
@@ -388,7 +470,7 @@ class AcceleratorState:
                 f"The {self._partial.adapter.name!r} adapter does not support mixed_precision={precision!r}; "
                 f"it supports {supported}. Pick one of those or install an adapter that supports {precision!r}."
             )
-        self.mixed_precision: str = precision
+        self._mixed_precision: str = precision
         chosen = self._partial.adapter
         name = strategy or os.environ.get("ACCEL_STRATEGY") or chosen.default_strategy()
         self.strategy_name = chosen.strategy_aliases.get(name, name)
@@ -409,9 +491,127 @@ class AcceleratorState:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes not set here: forward to the partial state.
-        if name.startswith("__") or "_partial" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["_partial"], name)
+        if not name.startswith("__") and "_partial" in self.__dict__:
+            return getattr(self.__dict__["_partial"], name)
+        if name in type(self)._known_attrs:
+            raise AttributeError(_reset_message("AcceleratorState", name))
+        raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # See `PartialState.__setstate__`.
+        _restore_shared(self, state)
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision in use: "no", "bf16", "fp16" or "fp8"."""
+        return self._mixed_precision  # type: ignore[no-any-return]
+
+    def _check_initialized(self, mixed_precision: str | None = None, cpu: bool | None = None) -> None:
+        """Raise ValueError (Accelerate's message) if a set-up state is asked for another device or precision."""
+        if not self.initialized:
+            return
+        err = (
+            "AcceleratorState has already been initialized and cannot be changed, restart your runtime completely "
+            "and pass `{flag}` to `Accelerator()`."
+        )
+        if cpu and self.device.type != "cpu":
+            raise ValueError(err.format(flag="cpu=True"))
+        if mixed_precision is not None and mixed_precision != self._mixed_precision:
+            raise ValueError(err.format(flag=f"mixed_precision='{mixed_precision}'"))
+
+    # Accelerate defines these on AcceleratorState itself; each is the process's `PartialState()`'s
+    # (usable after `_reset_state()`, as there).
+    @property
+    def fork_launched(self) -> bool:
+        """Whether this process was forked by `notebook_launcher` (see `PartialState.fork_launched`)."""
+        return bool(PartialState().fork_launched)
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process trains together."""
+        return bool(PartialState().use_distributed)
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the global main process."""
+        return bool(PartialState().is_main_process)
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its node."""
+        return bool(PartialState().is_local_main_process)
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the last process."""
+        return bool(PartialState().is_last_process)
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all processes (`PartialState.wait_for_everyone`)."""
+        PartialState().wait_for_everyone()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """`PartialState.destroy_process_group`."""
+        PartialState().destroy_process_group(group)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, on the local main process only."""
+        PartialState().print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """`PartialState.split_between_processes`."""
+        with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block first."""
+        with PartialState().main_process_first():
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Each node's local main process runs the block first."""
+        with PartialState().local_main_process_first():
+            yield
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (the only FSDP accel has)."""
+        return str(self.__dict__.get("strategy_name", "")) == "fsdp2"
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP plugin the `Accelerator` was given, when it shards with FSDP; else None."""
+        return self.__dict__.get("_fsdp_plugin") if self.is_fsdp2 else None
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The DeepSpeed plugin in use (strategy "deepspeed"), else None, as in Accelerate."""
+        if str(self.__dict__.get("strategy_name", "")) != "deepspeed":
+            return None
+        return self.__dict__.get("_deepspeed_plugin")
+
+    def _require_deepspeed(self, what: str) -> None:
+        if self.initialized and str(self.__dict__.get("strategy_name", "")) != "deepspeed":
+            raise ValueError(
+                f"`{what}` needs DeepSpeed: create the Accelerator with a `deepspeed_plugin` (or ACCEL_STRATEGY="
+                "deepspeed) to use it."
+            )
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed plugin registered under `name` (DeepSpeed runs only)."""
+        self._require_deepspeed("get_deepspeed_plugin")
+        plugins = self.__dict__.get("_deepspeed_plugins") or {}
+        if name not in plugins:
+            raise KeyError(f"No DeepSpeed plugin named {name!r}; known: {sorted(plugins)}.")
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the DeepSpeed plugin registered under `name` the active one (DeepSpeed runs only)."""
+        plugin = self.get_deepspeed_plugin(name)  # type: ignore[arg-type]
+        self._deepspeed_plugin = plugin
 
     def __repr__(self) -> str:
         return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\nStrategy: {self.strategy_name}\n"
