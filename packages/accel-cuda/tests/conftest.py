@@ -28,7 +28,7 @@ def _reset() -> None:
     cuda_emulated.calls.clear()
     cuda_emulated.current_device.clear()
     cuda_emulated.group_started_at_set_device.clear()
-    cuda_emulated._generators.clear()
+    cuda_emulated._rng.reset()
     cuda_emulated.tf32.update(matmul=False, cudnn=True)
     cuda_emulated.installed_fp8_backends.clear()
     cuda_emulated.installed_fp8_backends.update({"te", "ao"})

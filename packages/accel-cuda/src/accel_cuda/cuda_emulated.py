@@ -9,7 +9,6 @@ with `accel.fp8_emulation` (real fp8 rounding, per-tensor scales).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 from accel import fp8_emulation as f8
+from accel.testing.emulated import DeviceGenerators, device_count_from_env
 
 COMPILE_BACKEND = "inductor"
 """The same default as on a GPU; inductor generates C++ for the CPU instead of Triton."""
@@ -39,10 +39,7 @@ def is_available() -> bool:
 
 def device_count() -> int:
     """As many emulated GPUs as CUDA_VISIBLE_DEVICES lists, else one per local process."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return device_count_from_env("CUDA_VISIBLE_DEVICES")
 
 
 def device_name(index: int) -> str:
@@ -59,32 +56,24 @@ def empty_cache() -> None:
     calls["empty_cache"] += 1
 
 
-_generators: list[torch.Generator] = []
-
-
-def _all_generators() -> list[torch.Generator]:
-    while len(_generators) < device_count():
-        _generators.append(torch.Generator())
-    return _generators
+_rng = DeviceGenerators(lambda: device_count())
 
 
 def generator(index: int = 0) -> torch.Generator:
     """Emulated GPU `index`'s generator (tests draw from it as CUDA code draws from the GPU's)."""
-    return _all_generators()[index]
+    return _rng.generator(index)
 
 
 def get_rng_state() -> list[torch.Tensor]:
-    return [g.get_state() for g in _all_generators()]
+    return _rng.get_rng_state()
 
 
 def set_rng_state(states: list[torch.Tensor]) -> None:
-    for g, s in zip(_all_generators(), states):
-        g.set_state(s)
+    _rng.set_rng_state(states)
 
 
 def manual_seed(seed: int) -> None:
-    for g in _all_generators():
-        g.manual_seed(seed)
+    _rng.manual_seed(seed)
 
 
 def is_bf16_supported() -> bool:

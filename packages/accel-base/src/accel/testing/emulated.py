@@ -80,6 +80,10 @@ class DeviceGenerators:
         for g in self._all():
             g.manual_seed(seed)
 
+    def reset(self) -> None:
+        """Forget every generator (tests start each case from fresh devices)."""
+        self._generators.clear()
+
 
 @dataclass
 class VendorCall:
