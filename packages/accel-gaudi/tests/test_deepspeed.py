@@ -8,6 +8,8 @@ Needs DeepSpeed (accel-base's `deepspeed` extra): runs in the `deepspeed` nox se
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from accel.strategies.deepspeed_config import AcceleratorValues, DeepSpeedPlugin, resolve_config
 from accel_gaudi.adapter import DEEPSPEED_GRADIENT_CLIPPING, GaudiAdapter
@@ -118,3 +120,39 @@ def test_zero2_on_emulated_gaudi_clips_at_1_by_default(launch, write_script):
         assert f"RESULT {name} " in out, out
     assert "DONE rank=0" in out and "DONE rank=1" in out, out
     print("\n".join(line for line in out.splitlines() if line.startswith(("RESULT", "DONE"))))  # shown with -s
+
+
+def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch):
+    """One process: `--fp8` with bf16 converts the Linears before `deepspeed.initialize`, the
+    engine trains Habana's FusedAdamW (emulated), and DEEPSPEED_USE_HPU is set for Habana's fork."""
+    import torch
+    from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState
+    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from accel_gaudi import hpu_emulated
+    from torch import nn
+
+    monkeypatch.delenv("DEEPSPEED_USE_HPU", raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    acc = Accelerator(
+        mixed_precision="bf16",
+        adapter="gaudi",
+        emulate=True,
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=1),
+        adapter_options={"fp8": True},
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=4)
+    engine, opt, _ = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader)
+    assert os.environ["DEEPSPEED_USE_HPU"] == "true"
+    inner = engine.module
+    assert hpu_emulated.is_fp8_linear(inner[0]) and hpu_emulated.is_fp8_linear(inner[2])
+    assert isinstance(engine.optimizer.optimizer, hpu_emulated.EmulatedFusedAdamW), type(engine.optimizer)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    before = [p.detach().float().clone() for p in engine.parameters()]
+    acc.backward(engine(x.to(torch.bfloat16)).float().square().mean())
+    opt.step()
+    assert hpu_emulated.calls["fused_adamw_step"] >= 1
+    assert any(not torch.equal(a, p.detach().float()) for a, p in zip(before, engine.parameters()))
