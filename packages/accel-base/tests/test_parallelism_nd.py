@@ -343,4 +343,4 @@ def test_parallelism_config_composes_on_fsdp2_only():
         with_parallelism(ParallelismConfig(tp_size=2), "deepspeed", None)
     # An object of Accelerate's class (same fields) is rebuilt as accel's.
     foreign = SimpleNamespace(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1)
-    assert with_parallelism(foreign, None, None)[1].parallelism_config.total_size == 4
+    assert with_parallelism(foreign, None, None)[1].total_size == 4

@@ -336,8 +336,6 @@ def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tup
         ValueError: `pc` with another strategy (ddp, deepspeed, megatron) and a size above 1.
         TypeError: `pc` is not a ParallelismConfig.
     """
-    from .strategies.fsdp import FSDPConfig
-
     if not isinstance(pc, ParallelismConfig):
         if not all(hasattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")):
             raise TypeError(f"parallelism_config must be an accel.ParallelismConfig, got {type(pc).__name__}.")
@@ -353,6 +351,8 @@ def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tup
             f"parallelism_config composes data, tensor and context parallelism on the fsdp2 strategy; got "
             f"strategy={strategy!r}. Drop that strategy (or its plugin), or use the fsdp_plugin."
         )
-    config = strategy_config if isinstance(strategy_config, FSDPConfig) else FSDPConfig()
-    config.parallelism_config = pc
-    return "fsdp2", config
+    if strategy_config is None or isinstance(strategy_config, ParallelismConfig):
+        return "fsdp2", pc  # the fsdp2 strategy takes a ParallelismConfig as its config
+    # An FSDPConfig (fsdp_plugin): its fields stand, the mesh is `pc`'s.
+    strategy_config.parallelism_config = pc
+    return "fsdp2", strategy_config
