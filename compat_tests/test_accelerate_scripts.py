@@ -8,8 +8,8 @@ and accel lacks gets a stand-in, and the test prints which (the "internals neede
 
 Measured on this CPU machine, the real Accelerate passes test_script, test_ops, test_sync,
 test_cli and test_notebook; test_distributed_data_loop hangs in its join test (a no-op
-there off GPUs), test_merge_weights fails on CPU and test_ddp_comm_hook needs GPUs: those
-three are not run. Scripts accel does not pass yet are strict xfails naming the cause, so
+there off GPUs) under Accelerate but passes under accel; test_merge_weights fails on CPU
+and test_ddp_comm_hook needs GPUs: those two are not run. Scripts accel does not pass yet are strict xfails naming the cause, so
 fixing one shows up here.
 
 Accelerate internals the scripts needed (measured 2026-11-23): their fixture module
@@ -34,10 +34,8 @@ SCRIPTS: dict[str, str | None] = {
     "test_ops": None,
     "test_sync": None,
     "test_cli": None,
-    "test_script": "ops.gather of a tensor that requires grad fails on gloo (all_gather_into_tensor autograd view); "
-    "the AcceleratorState-after-_reset_state() error message differs",
-    "test_distributed_data_loop": "a pickled AcceleratorState does not compare equal (PartialState has no __eq__); "
-    "save_state with a different temporary output_dir on each rank",
+    "test_script": None,
+    "test_distributed_data_loop": None,
     "test_notebook": None,
 }
 

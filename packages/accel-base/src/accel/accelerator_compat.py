@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,16 @@ if TYPE_CHECKING:
     from .state import AcceleratorState
 
 
+class _EmptyWeakSetMarker:
+    """Stands for an empty `weakref.WeakSet` in a pickled Accelerator (WeakSets do not pickle)."""
+
+    def __reduce__(self) -> str:
+        return "_EmptyWeakSet"
+
+
+_EmptyWeakSet = _EmptyWeakSetMarker()
+
+
 class AcceleratorCompatMixin:
     """Accelerate's `Accelerator` members that are not part of accel's training-loop core."""
 
@@ -31,6 +42,24 @@ class AcceleratorCompatMixin:
     kwargs_handlers: dict[type, Any]
     strategy: Any
     _tracker_hub: Any
+
+    # ---- pickling (Accelerate's Accelerator pickles) -------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # Identity bookkeeping (weak references to this process's objects) cannot be pickled and means nothing
+        # for the copies unpickling makes: it starts empty there.
+        state = dict(self.__dict__)
+        for key, value in state.items():
+            if isinstance(value, weakref.WeakSet):
+                state[key] = _EmptyWeakSet
+            elif isinstance(value, dict) and any(
+                isinstance(v, weakref.ref) or (isinstance(v, tuple) and any(isinstance(x, weakref.ref) for x in v))
+                for v in value.values()
+            ):
+                state[key] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({k: (weakref.WeakSet() if v is _EmptyWeakSet else v) for k, v in state.items()})
 
     # ---- configuration read back ---------------------------------------------------------
     @property

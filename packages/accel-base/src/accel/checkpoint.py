@@ -86,6 +86,28 @@ def _agree(ctx: RunContext, error: Exception | None, payload: Any = None) -> lis
     return out
 
 
+def _shared_directory(ctx: RunContext, directory: Path) -> Path:
+    """The one directory this rank's checkpoint lives in when ranks passed different paths.
+
+    Accelerate lets every rank pass its own `output_dir` (a per-rank temporary directory, say). accel keeps a
+    checkpoint whole in one directory (one manifest, one atomic commit), so ranks that disagree all use their
+    writer's path: the main process's, or with `save_on_each_node` their node's local main process's. Ranks
+    that agree (the usual case) keep their own path unchanged.
+    """
+    if not ctx.use_distributed:
+        return directory
+    import torch.distributed as dist
+
+    paths: list[Any] = [None] * ctx.num_processes
+    dist.all_gather_object(paths, (str(directory), ctx.local_process_index))
+    if len({path for path, _ in paths}) == 1:
+        return directory
+    owner = 0
+    if ctx.save_on_each_node:  # ranks are numbered node by node: the nearest local main at or below this rank
+        owner = max(rank for rank in range(ctx.process_index + 1) if paths[rank][1] == 0)
+    return Path(paths[owner][0])
+
+
 def _raise_if_failed(results: list[tuple[str | None, Any]], error: Exception | None, what: str) -> None:
     if error is not None:
         if isinstance(error, CheckpointError):
@@ -116,14 +138,17 @@ def save_state(
     """Write every prepared object's state to `output_dir`. Runs on all ranks.
 
     Files in `output_dir` that accel did not write are kept; the previous checkpoint there is
-    replaced only once the new one is complete.
+    replaced only once the new one is complete. Ranks may pass different `output_dir`s (as
+    Accelerate allows); the checkpoint is then written whole to the main process's (with
+    `save_on_each_node`, each node's local main process's) directory, and `load_state` with the
+    same per-rank paths reads it from there.
 
     Raises:
         CheckpointError: `output_dir` is a file, a write failed on any rank (disk full, read-only),
             or a new file would overwrite one accel did not write. The previous checkpoint and the
             user's files are intact, and no staging directory is left behind.
     """
-    final = Path(output_dir)
+    final = _shared_directory(ctx, Path(output_dir))
     staging = final / layout.STAGING
     writer = ctx.is_main_process or (ctx.save_on_each_node and ctx.is_local_main_process)
     _, error = _attempt(lambda: layout.begin(final)) if writer else (None, None)
@@ -242,7 +267,7 @@ def load_state(
             live model, optimizer and every other prepared object are then unchanged.
         UnsafeCheckpointError: a file would execute code to load.
     """
-    directory = Path(input_dir)
+    directory = _shared_directory(ctx, Path(input_dir))
     what = f"load_state({directory})"
     # A commit a crash interrupted is finished first (it moves only accel's own files), so
     # that every reader, a strategy's included, finds the checkpoint in one directory.

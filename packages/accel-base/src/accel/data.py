@@ -34,7 +34,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from . import ops
 from .data_dispatch import DataLoaderDispatcher
 from .data_iterable import IterableDatasetShard
-from .data_samplers import BatchSamplerShard, SeedableRandomSampler
+from .data_samplers import BatchSamplerShard, SeedableRandomSampler, shuffle_must_agree
 from .data_shard import DataLoaderShard, skip_first_batches
 
 _LOADER_ATTRS = (
@@ -133,7 +133,7 @@ def prepare_data_loader(
     batch_sampler = None
     if not iterable:
         batch_sampler, synchronized = _shuffled_batch_sampler(
-            dataloader, seed_value, use_seedable_sampler, num_processes > 1 and not dispatch
+            dataloader, seed_value, use_seedable_sampler, shuffle_must_agree(num_processes) and not dispatch
         )
     elif not dispatch and num_processes > 1:
         synchronized = getattr(dataloader.dataset, "generator", None)

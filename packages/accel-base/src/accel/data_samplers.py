@@ -20,6 +20,19 @@ from torch.utils.data import RandomSampler, Sampler
 from .data_iterable import cycle_pad
 
 
+def shuffle_must_agree(num_processes: int) -> bool:
+    """Whether several processes must draw the same default-sampler shuffle (rank 0's generator state).
+
+    True when the data is sharded over several processes, and also when it is not but other processes
+    exist: a strategy whose data-parallel group is smaller than the world (each model split over several
+    processes) gives every process of one replica the same data, so their orders must agree even though
+    no `set_seed` aligned their global generators. The synchronisation broadcasts over every process.
+    """
+    import torch.distributed as dist
+
+    return num_processes > 1 or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
 class SeedableRandomSampler(RandomSampler):
     """A random permutation drawn from a seed plus the epoch: identical on every rank.
 
