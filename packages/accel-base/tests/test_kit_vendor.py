@@ -35,7 +35,8 @@ def _launch(adapter: str, out: Path) -> KitRun:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     env.update(PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--adapter", adapter, "--emulate"]
-    cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor"]
+    extras = ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum"]
+    cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor", *extras]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2) if (out / f"rank{r}.json").is_file()]
     return KitRun(2, cls.capabilities, out, results, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -45,6 +46,8 @@ def _suite(cls_name: str) -> AdapterConformanceSuite:
     class Kit(AdapterConformanceSuite):
         adapter: ClassVar[str] = cls_name
         emulate: ClassVar[bool | None] = True
+        emulation_models = ("kit_npu.kit_extras:conv_with_adam",)
+        extra_checks = ("kit_npu.kit_extras:rank_sum",)
 
         @classmethod
         def adapter_class(cls) -> type[Adapter]:
@@ -128,3 +131,42 @@ def test_device_count_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert device_count_from_env("NPU_VISIBLE_DEVICES") == 2
     monkeypatch.setenv("NPU_VISIBLE_DEVICES", "-1")
     assert device_count_from_env("NPU_VISIBLE_DEVICES") == 0
+
+
+# ---- extension points (issue 18 item 2) ------------------------------------------------------------------
+
+
+def test_adapter_models_and_checks_run_in_the_kit(runs: dict[str, KitRun]) -> None:
+    kit = _suite("realnpu")
+    kit.test_emulation_makes_the_hardware_decisions(runs["realnpu"])
+    [report] = runs["realnpu"].get("emulation:kit_npu.kit_extras:conv_with_adam")[:1]
+    assert [m["model"] for m in report["models"]] == ["kit MLP", "kit_npu.kit_extras:conv_with_adam"]
+    assert report["models"][1]["emulated"]["record"]["optimizer"] == "Adam"
+    assert [r["sum"] for r in kit.custom_results(runs["realnpu"], "kit_npu.kit_extras:rank_sum")] == [3.0, 3.0]
+    with pytest.raises(ValueError, match=r"not in Kit\.extra_checks"):
+        kit.custom_results(runs["realnpu"], "kit_npu.kit_extras:other")
+
+
+def test_decision_record_catches_what_the_module_tree_cannot() -> None:
+    """Fused flags and memory formats gated on `emulate` leave the module tree equal; the record differs."""
+    from accel import Accelerator
+    from accel.testing import hardware_twin
+    from accel.testing.checks_models import _decisions
+
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        from kit_npu.adapter import GatedNPUAdapter, RealNPUAdapter
+        from kit_npu.kit_extras import conv_with_adam
+    finally:
+        sys.path.remove(str(FIXTURES))
+    ctx = Accelerator(cpu=True)._context(True)
+    for cls, same in ((RealNPUAdapter, True), (GatedNPUAdapter, False)):
+        emulated = cls(emulate=True)
+        a, b = _decisions(emulated, ctx, conv_with_adam), _decisions(hardware_twin(emulated), ctx, conv_with_adam)
+        assert a["tree"] == b["tree"]
+        assert (a["record"] == b["record"]) is same
+    assert b["record"]["optimizer_flags"]["fused"] is True and a["record"]["optimizer_flags"]["fused"] is None
+    assert b["record"]["parameters"]["0.weight"] == "float32 channels_last"
+    assert a["record"]["parameters"]["0.weight"] == "float32 contiguous" and a["record"]["adapter"] == {
+        "vendor_layers": 0
+    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AdapterConformanceSuite", "KitRun", "hardware_twin", "module_tree"]
+__all__ = ["AdapterConformanceSuite", "KitRun", "decision_record", "hardware_twin", "module_tree"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
         from . import suite
 
         return getattr(suite, name)
-    if name in ("hardware_twin", "module_tree"):
+    if name in ("decision_record", "hardware_twin", "module_tree"):
         from . import checks_models
 
         return getattr(checks_models, name)

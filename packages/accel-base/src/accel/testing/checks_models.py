@@ -159,10 +159,75 @@ def hardware_twin(adapter: Any) -> Any:
     return twin
 
 
+def decision_record(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """What an adapter decided about a prepared model (and optimizer), beyond its module tree.
+
+    Each parameter's dtype and memory format, the optimizer's class and its `fused`/`foreach`
+    flags, plus whatever the adapter adds through an optional `decision_record(model, optimizer)`
+    method (a dict of JSON values: a vendor layer's mode, a fused kernel's switch). The kit
+    compares it between the emulated adapter and its `hardware_twin`.
+    """
+    params = {}
+    for name, p in model.named_parameters():
+        if p.is_contiguous():
+            layout = "contiguous"
+        elif p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last):
+            layout = "channels_last"
+        else:
+            layout = "strided"
+        params[name] = f"{str(p.dtype).removeprefix('torch.')} {layout}"
+    record: dict[str, Any] = {"parameters": params}
+    if optimizer is not None:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        record["optimizer"] = type(inner).__qualname__
+        record["optimizer_flags"] = {
+            k: inner.defaults.get(k) for k in ("fused", "foreach", "capturable") if k in inner.defaults
+        }
+    return record
+
+
+def load_factory(path: str) -> Any:
+    """`package.module:function` imported and looked up (the kit's extension points name code this way)."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"{path!r} must be 'package.module:function'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _decisions(adapter: Any, ctx: Any, factory: Any) -> dict[str, Any]:
+    built = factory()
+    model, optimizer = built if isinstance(built, tuple) else (built, None)
+    prepared = adapter.prepare_model(model, ctx)
+    if optimizer is not None:
+        optimizer = adapter.prepare_optimizer(optimizer, ctx)
+    record = decision_record(prepared, optimizer)
+    own = getattr(adapter, "decision_record", None)
+    if callable(own):
+        record["adapter"] = own(prepared, optimizer)
+    return {"tree": module_tree(prepared), "record": record}
+
+
 @check("emulation")
-def emulation(_: Path, __: str) -> dict[str, Any]:
+def emulation(_: Path, models: str) -> dict[str, Any]:
+    """Prepare the kit's model and each of the adapter's own (`emulation_models`) twice: through the
+    emulated adapter and through its hardware twin; report both module trees and decision records."""
     acc = Accelerator()
     ctx = acc._context(True)
-    emulated = acc.adapter.prepare_model(build_model(), ctx)
-    on_hardware = hardware_twin(acc.adapter).prepare_model(build_model(), ctx)
-    return {"emulate": acc.adapter.emulate, "emulated": module_tree(emulated), "hardware": module_tree(on_hardware)}
+    factories = [("kit MLP", build_model)] + [(path, load_factory(path)) for path in models.split(",") if path]
+    twin = hardware_twin(acc.adapter)
+    results = []
+    for name, factory in factories:
+        torch.manual_seed(0)
+        emulated = _decisions(acc.adapter, ctx, factory)
+        torch.manual_seed(0)
+        hardware = _decisions(twin, ctx, factory)
+        results.append({"model": name, "emulated": emulated, "hardware": hardware})
+    return {"emulate": acc.adapter.emulate, "models": results}
+
+
+@check("custom")
+def custom(out: Path, path: str) -> Any:
+    """An adapter's own distributed check (`AdapterConformanceSuite.extra_checks`): `function(out)` run on every rank."""
+    return load_factory(path)(out)

@@ -88,6 +88,17 @@ class AdapterConformanceSuite:
     """The strategy the kit's `ddp` checks (training, clipping, resume, save_model) run with: an adapter
     whose data parallelism is a strategy of its own package names it here (a data-parallel strategy of the adapter's package)."""
 
+    emulation_models: ClassVar[tuple[str, ...]] = ()
+    """The adapter's own models for the emulation-decision check, as `package.module:function`
+    names: each function returns a fresh `nn.Module`, or `(module, optimizer)` to check the
+    optimizer decisions too. Each is prepared through the emulated adapter and its
+    `hardware_twin`; their module trees and `decision_record`s must be equal."""
+    extra_checks: ClassVar[tuple[str, ...]] = ()
+    """The adapter's own distributed checks, as `package.module:function` names: each function
+    takes the run's output folder, runs on every rank of the kit's launch (after the kit's own
+    checks, in the same process group) and returns JSON; a test method reads every rank's
+    result with `self.custom_results(kit, name)` and asserts on it."""
+
     # ---- the run ---------------------------------------------------------------------------
     @classmethod
     def adapter_class(cls) -> type[Adapter]:
@@ -120,8 +131,9 @@ class AdapterConformanceSuite:
         names.append(f"unwrap_model:{next((p for p in half if p in HALF), 'no')}")
         if caps.compile:
             names.append("compile")
+        names += [f"custom:{path}" for path in cls.extra_checks]
         if cls.emulated():
-            names.append("emulation")
+            names.append("emulation:" + ",".join(cls.emulation_models))
             if cls.adapter_class().hardware_device_type != "cpu":
                 names.append("vendor")
         return names
@@ -343,9 +355,23 @@ class AdapterConformanceSuite:
     def test_emulation_makes_the_hardware_decisions(self, kit: KitRun) -> None:
         if not self.emulated():
             pytest.skip("runs only under emulation (it compares the emulated run with the hardware decisions)")
-        for r in kit.get("emulation"):
+        for r in kit.get("emulation:" + ",".join(self.emulation_models)):
             assert r["emulate"]
-            assert r["emulated"] == r["hardware"], "emulation changed a wrapping decision"
+            for m in r["models"]:
+                emulated, hardware = m["emulated"], m["hardware"]
+                assert emulated["tree"] == hardware["tree"], (
+                    f"{m['model']}: emulation changed a wrapping decision: {emulated['tree']} vs {hardware['tree']}"
+                )
+                assert emulated["record"] == hardware["record"], (
+                    f"{m['model']}: emulation changed a decision (dtypes, memory formats, optimizer flags): "
+                    f"{emulated['record']} vs on hardware {hardware['record']}"
+                )
+
+    def custom_results(self, kit: KitRun, path: str) -> list[Any]:
+        """Every rank's result of the adapter's own check `path` (one of `extra_checks`)."""
+        if path not in self.extra_checks:
+            raise ValueError(f"{path!r} is not in {type(self).__name__}.extra_checks {self.extra_checks}")
+        return kit.get(f"custom:{path}")
 
     # ---- the adapter's vendor code, under emulation ----------------------------------------------------------
     def _vendor(self, kit: KitRun) -> list[dict[str, Any]]:

@@ -54,3 +54,21 @@ class HollowNPUAdapter(RealNPUAdapter):
 
     def make_grad_scaler(self, precision: str, **kwargs: Any) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler(self.device_type, **kwargs) if precision == "fp16" else None
+
+
+class GatedNPUAdapter(RealNPUAdapter):
+    """Decides on hardware only: fused Adam and channels_last, both gated on `emulate` (the anti-pattern)."""
+
+    name: ClassVar[str] = "gatednpu"
+
+    def prepare_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        model = super().prepare_model(model, ctx)
+        return model if self.emulate else model.to(memory_format=torch.channels_last)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:
+        if not self.emulate:
+            optimizer.defaults["fused"] = True
+        return optimizer
+
+    def decision_record(self, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+        return {"vendor_layers": 0}
