@@ -63,7 +63,9 @@ NOTES = {
     "lomo_backward": "raises NotImplementedError: LOMO optimizers are not supported",
     "deepspeed_ulysses_dl_adapter": "raises NotImplementedError: no Ulysses sequence parallelism",
     "use_seedable_sampler": "False by default as in Accelerate; mid-epoch resume is exact either way",
-    "save_state": "safetensors and a manifest; mid-epoch resume is exact",
+    "save_state": "safetensors and a manifest; mid-epoch resume is exact; ranks passing different `output_dir`s "
+    "share the main process's (the checkpoint stays whole in one directory)",
+    "fsdp_plugin": "accel's `FSDPConfig` (the FSDP2 settings in use) when sharding with FSDP2, else None",
     "tqdm": "needs tqdm installed",
     "DataLoaderDispatcher": "in accel.data_dispatch; re-exported",
     "GeneralTracker": "in accel.trackers; re-exported by accel.tracking",

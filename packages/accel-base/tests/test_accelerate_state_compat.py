@@ -54,14 +54,18 @@ def test_state_members_accelerate_has() -> None:
     assert state.is_main_process and state.is_local_main_process and state.is_last_process
     with state.split_between_processes([1, 2, 3]) as share:
         assert share == [1, 2, 3]
-    with pytest.raises(ValueError, match="needs DeepSpeed"):
-        state.get_deepspeed_plugin("a")
     with pytest.raises(ValueError, match="mixed_precision='bf16'"):
         state._check_initialized(mixed_precision="bf16")
     partial = PartialState()
     device = partial.device
     partial.set_device()  # already set: unchanged
     assert partial.device == device
+
+
+def test_fsdp_plugin_is_the_fsdp2_settings() -> None:
+    state = Accelerator(cpu=True, strategy="fsdp2").state
+    assert state.is_fsdp2 is True and type(state.fsdp_plugin).__name__ == "FSDPConfig"
+    assert state.deepspeed_plugin is None
 
 
 def test_unpickled_state_is_the_live_state() -> None:

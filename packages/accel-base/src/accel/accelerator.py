@@ -199,6 +199,7 @@ class Accelerator(AcceleratorCompatMixin):
         self.state._partial.distributed_type = self.strategy.distributed_type(
             use_distributed
         ) or self.adapter.data_parallel_type(use_distributed)
+        self.state._strategy = self.strategy  # AcceleratorState.deepspeed_plugin / fsdp_plugin read its plugin
 
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(

@@ -583,35 +583,16 @@ class AcceleratorState:
 
     @property
     def fsdp_plugin(self) -> Any:
-        """The FSDP plugin the `Accelerator` was given, when it shards with FSDP; else None."""
-        return self.__dict__.get("_fsdp_plugin") if self.is_fsdp2 else None
+        """The FSDP settings in use (accel's `FSDPConfig`, Accelerate's `FullyShardedDataParallelPlugin` converted)
+        when the `Accelerator` shards with FSDP2; else None."""
+        return getattr(self.__dict__.get("_strategy"), "config", None) if self.is_fsdp2 else None
 
     @property
     def deepspeed_plugin(self) -> Any:
         """The DeepSpeed plugin in use (strategy "deepspeed"), else None, as in Accelerate."""
         if str(self.__dict__.get("strategy_name", "")) != "deepspeed":
             return None
-        return self.__dict__.get("_deepspeed_plugin")
-
-    def _require_deepspeed(self, what: str) -> None:
-        if self.initialized and str(self.__dict__.get("strategy_name", "")) != "deepspeed":
-            raise ValueError(
-                f"`{what}` needs DeepSpeed: create the Accelerator with a `deepspeed_plugin` (or ACCEL_STRATEGY="
-                "deepspeed) to use it."
-            )
-
-    def get_deepspeed_plugin(self, name: str) -> Any:
-        """The DeepSpeed plugin registered under `name` (DeepSpeed runs only)."""
-        self._require_deepspeed("get_deepspeed_plugin")
-        plugins = self.__dict__.get("_deepspeed_plugins") or {}
-        if name not in plugins:
-            raise KeyError(f"No DeepSpeed plugin named {name!r}; known: {sorted(plugins)}.")
-        return plugins[name]
-
-    def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the DeepSpeed plugin registered under `name` the active one (DeepSpeed runs only)."""
-        plugin = self.get_deepspeed_plugin(name)  # type: ignore[arg-type]
-        self._deepspeed_plugin = plugin
+        return getattr(self.__dict__.get("_strategy"), "plugin", None)
 
     def __repr__(self) -> str:
         return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\nStrategy: {self.strategy_name}\n"
