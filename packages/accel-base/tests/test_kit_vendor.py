@@ -170,3 +170,17 @@ def test_decision_record_catches_what_the_module_tree_cannot() -> None:
     assert a["record"]["parameters"]["0.weight"] == "float32 contiguous" and a["record"]["adapter"] == {
         "vendor_layers": 0
     }
+
+
+def test_the_contract_reference_is_current() -> None:
+    """docs/adapter_contract.md is generated from the docstrings; a stale page fails here."""
+    from accel.testing import contract_doc
+
+    page = Path(__file__).parents[3] / "docs" / "adapter_contract.md"
+    assert contract_doc.main([str(page), "--check"]) == 0, (
+        "docs/adapter_contract.md is stale: run `python -m accel.testing.contract_doc docs/adapter_contract.md`"
+    )
+    text = page.read_text()
+    for hook in ("set_device", "before_process_group", "process_group_options", "barrier", "no_sync", "describe"):
+        assert f"| `{hook}` |" in text
+    assert "| `launch_args` |" in text and "| `emulation_models` |" in text

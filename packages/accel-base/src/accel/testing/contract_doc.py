@@ -1,0 +1,162 @@
+"""Writes docs/adapter_contract.md, the adapter contract reference, from the code's docstrings.
+
+    python -m accel.testing.contract_doc docs/adapter_contract.md          # write it
+    python -m accel.testing.contract_doc docs/adapter_contract.md --check  # exit 1 if it is stale
+
+Every public hook and class attribute of `accel.adapter.Adapter` (signature, docstring, whether
+the base does something), what the conformance kit checks about it, and the options of
+`AdapterConformanceSuite`. A test in accel-base runs `--check`, so the page cannot drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..adapter import Adapter
+
+KIT: dict[str, str] = {
+    "name": "process_state: the launched run reports this adapter",
+    "hardware_device_type": "process_state: model, gather and device agree; vendor checks run when it is not `cpu`",
+    "hardware_backend": "process_state: the process group uses the adapter's backend",
+    "capabilities": "every claim is tested and every omission skipped (strategies, precisions, compile, processes)",
+    "emulated_vendor_module": "vendor checks: every call into it is recorded under emulation",
+    "vendor": "test_vendor_module_is_used_by_the_hooks",
+    "availability": "decides emulation; ACCEL_KIT_REQUIRE_HARDWARE=1 fails when it says no",
+    "device_for": "process_state; test_vendor_device_made_current_before_process_group (local rank)",
+    "set_device": "test_vendor_device_made_current_before_process_group",
+    "before_process_group": "test_vendor_device_made_current_before_process_group",
+    "barrier": "collectives (wait_for_everyone)",
+    "manual_seed": "test_vendor_device_rng_is_seeded_consumed_and_restored (set_seed)",
+    "get_device_rng_state": "test_vendor_device_rng_is_seeded_consumed_and_restored (save_state)",
+    "set_device_rng_state": "test_vendor_device_rng_is_seeded_consumed_and_restored (load_state); resume",
+    "get_rng_state": "resume (bitwise after load_state)",
+    "set_rng_state": "resume (bitwise after load_state)",
+    "autocast": "precision:bf16/fp16 (layers compute in half precision, outputs fp32)",
+    "make_grad_scaler": "precision:fp16 loss scaling; test_vendor_grad_scaler_is_used_under_fp16",
+    "convert_to_fp8": "precision:fp8",
+    "supports_precision": "error catalogue (unclaimed precision refused)",
+    "prepare_model": "training, emulation (module tree and decision record equal to the hardware twin)",
+    "prepare_optimizer": "emulation with `emulation_models` returning an optimizer (decision record)",
+    "apply_strategy": "training/clip/resume/save_model per claimed strategy",
+    "compile_model": "compile",
+    "compile_backend": "compile",
+    "no_sync": "no_sync",
+    "backward": "training, accumulation",
+    "optimizer_step": "training; precision:fp16 (composes with the scaler)",
+    "clip_grad_norm_": "clip_grad_norm",
+    "unwrap_model": "unwrap_model",
+}
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under class attributes (`name: T = v` then a string), read from the source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, following in zip(body, [*body[1:], None]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+        ):
+            docs[node.target.id] = inspect.cleandoc(str(following.value.value))
+    return docs
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _members(cls: type) -> list[tuple[str, str, str]]:
+    """(name, signature or annotation, doc) for every public member defined on `cls`."""
+    attr_docs = _attribute_docs(cls)
+    rows = []
+    for name, value in cls.__dict__.items():
+        if name.startswith("_"):
+            continue
+        raw = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+        if isinstance(raw, property):
+            rows.append((name, "(property)", inspect.getdoc(raw) or ""))
+        elif inspect.isfunction(raw):
+            prefix = "classmethod " if isinstance(value, classmethod) else ""
+            sig = str(inspect.signature(raw)).replace("'", "")
+            rows.append((name, f"{prefix}{name}{sig}", inspect.getdoc(raw) or ""))
+        elif name in attr_docs or name in cls.__annotations__:
+            annotation = cls.__annotations__.get(name, "")
+            rows.append((name, f"{name}: {annotation} = {value!r}", attr_docs.get(name, "")))
+    return rows
+
+
+def render() -> str:
+    """The page's Markdown."""
+    from .suite import AdapterConformanceSuite
+
+    lines = [
+        "# Adapter contract reference",
+        "",
+        "<!-- Generated by `python -m accel.testing.contract_doc docs/adapter_contract.md` from the",
+        "docstrings of accel.adapter.Adapter and accel.testing.AdapterConformanceSuite; do not edit. -->",
+        "",
+        "Every hook and class attribute of `accel.adapter.Adapter`, in source order: its signature, what it does",
+        "and when it runs (its docstring; a hook without one keeps the base behaviour), and what the conformance",
+        "kit checks about it. The guide is [adapters.md](adapters.md).",
+        "",
+        "## `Adapter`",
+        "",
+        "| Member | Signature | When it runs, default | Kit check |",
+        "|---|---|---|---|",
+    ]
+    for name, sig, doc in _members(Adapter):
+        lines.append(f"| `{name}` | `{_one_line(sig)}` | {_one_line(doc) or '-'} | {_one_line(KIT.get(name, '-'))} |")
+    lines += [
+        "",
+        "## `AdapterConformanceSuite` options",
+        "",
+        "Class attributes an adapter's test class sets (`class TestMine(AdapterConformanceSuite): adapter = 'mine'`).",
+        "",
+        "| Option | Default | Meaning |",
+        "|---|---|---|",
+    ]
+    for name, sig, doc in _members(AdapterConformanceSuite):
+        if sig.startswith(f"{name}:"):
+            default = sig.split(" = ", 1)[1]
+            lines.append(f"| `{name}` | `{_one_line(default)}` | {_one_line(doc)} |")
+    lines += ["", "## Helpers for an adapter's own checks", ""]
+    from . import checks_models, emulated
+
+    helpers: list[Any] = [
+        checks_models.module_tree,
+        checks_models.hardware_twin,
+        checks_models.decision_record,
+        AdapterConformanceSuite.custom_results,
+        emulated.DeviceGenerators,
+        emulated.device_count_from_env,
+        emulated.record_calls,
+    ]
+    for helper in helpers:
+        doc = (inspect.getdoc(helper) or "").split("\n\n")[0]
+        lines.append(f"- `{helper.__module__}.{helper.__qualname__}`: {_one_line(doc)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m accel.testing.contract_doc PATH [--check]", file=sys.stderr)
+        return 2
+    path, text = Path(argv[0]), render()
+    if "--check" in argv[1:]:
+        if not path.is_file() or path.read_text() != text:
+            print(f"{path} is out of date: run `python -m accel.testing.contract_doc {path}`", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
