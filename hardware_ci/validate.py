@@ -17,6 +17,7 @@ import yaml
 HERE = Path(__file__).parent
 WORKFLOWS = HERE.parent / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
+ADAPTER_KIT = WORKFLOWS / "adapter-kit.yml"
 PUBLISH_ACTION = "pypa/gh-action-pypi-publish@"
 
 
@@ -80,6 +81,28 @@ def release_problems(workflow: dict[str, Any]) -> list[str]:
     return found
 
 
+def adapter_kit_problems(workflow: dict[str, Any]) -> list[str]:
+    """The reusable workflow for out-of-tree adapters: called with the package, adapter, tests and
+    runner; runs the kit unemulated and uploads a report."""
+    found = []
+    triggers = workflow.get("on", workflow.get(True))
+    call = triggers.get("workflow_call") if isinstance(triggers, dict) else None
+    inputs = (call or {}).get("inputs") or {}
+    for name in ("package", "adapter", "tests", "runs-on"):
+        if name not in inputs:
+            found.append(f"{ADAPTER_KIT}: on.workflow_call.inputs needs {name!r}")
+    for job_name, job in workflow["jobs"].items():
+        env = {**(workflow.get("env") or {}), **(job.get("env") or {})}
+        if str(env.get("ACCEL_KIT_REQUIRE_HARDWARE")) != "1":
+            found.append(f"{ADAPTER_KIT}: job {job_name!r} must set ACCEL_KIT_REQUIRE_HARDWARE=1")
+        steps = [s for s in job.get("steps", []) if isinstance(s, dict)]
+        if not any("pytest" in str(s.get("run", "")) for s in steps):
+            found.append(f"{ADAPTER_KIT}: job {job_name!r} runs no pytest")
+        if not any(str(s.get("uses", "")).startswith("actions/upload-artifact@") for s in steps):
+            found.append(f"{ADAPTER_KIT}: job {job_name!r} uploads no report (actions/upload-artifact)")
+    return found
+
+
 def problems() -> list[str]:
     found = []
     vendors = sorted(p for p in HERE.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
@@ -92,6 +115,8 @@ def problems() -> list[str]:
         found += wrong
         if path == RELEASE and workflow is not None:
             found += release_problems(workflow)
+        if path == ADAPTER_KIT and workflow is not None:
+            found += adapter_kit_problems(workflow)
     if not RELEASE.is_file():
         found.append(f"{RELEASE} is missing")
     return found

@@ -184,3 +184,24 @@ def test_the_contract_reference_is_current() -> None:
     for hook in ("set_device", "before_process_group", "process_group_options", "barrier", "no_sync", "describe"):
         assert f"| `{hook}` |" in text
     assert "| `launch_args` |" in text and "| `emulation_models` |" in text
+
+
+def test_the_reusable_kit_workflow_is_validated() -> None:
+    """hardware_ci/validate.py accepts .github/workflows/adapter-kit.yml and names what a broken copy lacks."""
+    import importlib.util
+
+    import yaml
+
+    root = Path(__file__).parents[3]
+    spec = importlib.util.spec_from_file_location("hw_validate", root / "hardware_ci" / "validate.py")
+    assert spec is not None and spec.loader is not None
+    validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validate)
+    workflow = yaml.safe_load((root / ".github" / "workflows" / "adapter-kit.yml").read_text())
+    assert validate.adapter_kit_problems(workflow) == []
+    del workflow[True]["workflow_call"]["inputs"]["adapter"]
+    job = workflow["jobs"]["kit"]
+    job["env"].pop("ACCEL_KIT_REQUIRE_HARDWARE")
+    job["steps"] = [s for s in job["steps"] if "upload-artifact" not in str(s.get("uses", ""))]
+    found = "\n".join(validate.adapter_kit_problems(workflow))
+    assert "needs 'adapter'" in found and "ACCEL_KIT_REQUIRE_HARDWARE=1" in found and "uploads no report" in found
