@@ -1,4 +1,4 @@
-"""TP=2, PP=2 and DP=2 (megatron-core's DDP, with and without its distributed optimizer) on 2 gloo
+"""TP=2, PP=2 (1F1B, and interleaved with 2 virtual stages) and DP=2 (megatron-core's DDP, with and without its distributed optimizer) on 2 gloo
 processes against the same small GPTModel trained on one process with no model parallelism.
 
 Every run starts from the reference's initial weights (loaded through `load_full_state_dict`,
@@ -28,7 +28,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("mode", ["tp", "pp", "dp", "dpopt", "accum"])
+@pytest.mark.parametrize("mode", ["tp", "pp", "vpp", "dp", "dpopt", "accum"])
 def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -> None:
     run_launch(WORKER, mode, str(reference))
     ref = json.loads((reference / "ref.json").read_text())
@@ -45,7 +45,7 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
     assert got["lrs"] == pytest.approx([0.0075, 0.01, 0.01, 0.01]) == ref["lrs"], "warmup carried into megatron-core"
 
     rank0, rank1 = got["seen"]
-    if mode in ("tp", "pp", "accum"):
+    if mode in ("tp", "pp", "vpp", "accum"):
         assert rank0 == rank1, "every process of one model replica must see the same batches"
         assert rank0 == ref["seen"][0]
     else:

@@ -119,11 +119,11 @@ def test_model_provider_needs_a_callable_and_the_strategy_a_megatron_model() -> 
         model_config(torch.nn.Linear(2, 2))
 
 
-def test_interleaved_pipeline_is_refused_at_prepare() -> None:
+def test_interleaved_pipeline_needs_the_chunk_count() -> None:
     from accel_megatron.parallel import initialize
 
-    plugin = MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2)
-    with pytest.raises(MegatronConfigError, match=r"interleaved .* does not build yet"):
+    plugin = MegatronPlugin(pp_degree=2, num_layers_per_virtual_pipeline_stage=1, num_micro_batches=2)
+    with pytest.raises(MegatronConfigError, match=r"Set MegatronPlugin\(virtual_pipeline_model_parallel_size=...\)"):
         initialize(plugin, torch.device("cpu"), "gloo")
 
 

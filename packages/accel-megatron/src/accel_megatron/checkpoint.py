@@ -17,6 +17,8 @@ import torch.distributed as dist
 from accel.errors import CheckpointError
 from torch import nn
 
+from .parallel import chunks_of
+
 if TYPE_CHECKING:
     from accel.prepared import Prepared, RunContext
 
@@ -108,13 +110,14 @@ def _slices(offset: tuple[int, ...], shape: torch.Size) -> tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offset, shape))
 
 
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The full, unsharded state dict on every process (names of the one-process model).
+def full_state_dict(modules: list[nn.Module]) -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict of this process's model chunks and every other process's, on every
+    process (names of the one-process model).
 
     Collective over the world: every process must call it.
     """
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, _shards(module))
+    dist.all_gather_object(everyone, [shard for module in modules for shard in _shards(module)])
     full: dict[str, torch.Tensor] = {}
     for shards in everyone:
         for name, shape, offset, data in shards:
@@ -146,19 +149,25 @@ def load_full_state_dict(module: nn.Module, state_dict: dict[str, torch.Tensor],
             local[key].copy_(piece)
 
 
+def _chunk_key(model: int, chunk: int) -> str:
+    return f"model{model}" if chunk == 0 else f"model{model}_chunk{chunk}"
+
+
 def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallel
 
     from .optim import MegatronOptimizer
 
     state: dict[str, Any] = {}
-    model_states = []
+    model_states: dict[str, Any] = {}
     for i, model in enumerate(prepared.models):
-        inner = model.module if isinstance(model, DistributedDataParallel) else model
-        model_state = inner.sharded_state_dict(prefix=f"model{i}.")
-        model_states.append(model_state)
-        state[f"model{i}"] = model_state
-    merged = {k: v for s in model_states for k, v in s.items()}
+        for j, chunk in enumerate(chunks_of(model)):
+            inner = chunk.module if isinstance(chunk, DistributedDataParallel) else chunk
+            # Chunks share key names (megatron-core tells their layers apart by global offsets), so
+            # each chunk is its own entry, as in megatron-core's training loop.
+            model_states[_chunk_key(i, j)] = inner.sharded_state_dict(prefix=f"model{i}.")  # type: ignore[operator]
+    state.update(model_states)
+    merged = model_states
     for i, opt in enumerate(prepared.optimizers):
         inner_opt = opt.optimizer
         if not isinstance(inner_opt, MegatronOptimizer):
@@ -206,9 +215,10 @@ def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
         )
     loaded = dist_checkpointing.load(_sharded(prepared, loading=True), str(folder))
     for i, model in enumerate(prepared.models):
-        inner = model.module if isinstance(model, DistributedDataParallel) else model
-        state = {k.removeprefix(f"model{i}."): v for k, v in loaded[f"model{i}"].items()}
-        inner.load_state_dict(state, strict=strict)
+        for j, chunk in enumerate(chunks_of(model)):
+            inner = chunk.module if isinstance(chunk, DistributedDataParallel) else chunk
+            state = {k.removeprefix(f"model{i}."): v for k, v in loaded[_chunk_key(i, j)].items()}
+            inner.load_state_dict(state, strict=strict)
     for i, opt in enumerate(prepared.optimizers):
         opt.optimizer.inner.load_state_dict(loaded[f"optimizer{i}"])
     if (directory / _RNG).is_dir():  # checkpoints from before the tracker was saved have none

@@ -29,16 +29,55 @@ class ModelProvider(nn.Module):
             raise TypeError(f"ModelProvider needs a callable fn(pre_process, post_process); got {type(fn).__name__}.")
         self.fn = fn
 
-    def build(self) -> nn.Module:
+    def build(self) -> list[nn.Module]:
+        """This process's model chunks: one stage, or one per virtual stage under the interleaved
+        schedule (then `fn` is called with `vp_stage=i` as well, megatron-core's convention)."""
         from megatron.core import parallel_state
 
-        model = self.fn(
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=True),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=True),
+        virtual = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+        if not virtual:
+            stages = [
+                self.fn(
+                    pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=True),
+                    post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=True),
+                )
+            ]
+        else:
+            stages = [
+                self.fn(
+                    pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i),
+                    post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i),
+                    vp_stage=i,
+                )
+                for i in range(virtual)
+            ]
+        for model in stages:
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"The model provider returned {type(model).__name__}, not a torch.nn.Module.")
+        return stages
+
+
+class ModelChunks(nn.Module):
+    """This process's model chunks under the interleaved (virtual) pipeline schedule, as one prepared model.
+
+    `chunks[i]` is virtual stage i, wrapped in megatron-core's DDP. Run it with
+    `accelerator.strategy.train_step`; `parameters()` covers every chunk.
+    """
+
+    def __init__(self, chunks: list[nn.Module]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "An interleaved pipeline model runs through `accelerator.strategy.train_step(model, batch, forward_fn, "
+            "loss_fn)`, not by calling it."
         )
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"The model provider returned {type(model).__name__}, not a torch.nn.Module.")
-        return model
+
+
+def chunks_of(model: nn.Module) -> list[nn.Module]:
+    """The model chunks a prepared model stands for (itself, unless it is `ModelChunks`)."""
+    return list(model.chunks) if isinstance(model, ModelChunks) else [model]
 
 
 def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> None:
@@ -54,11 +93,10 @@ def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> No
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    if plugin.virtual_pipeline_model_parallel_size or plugin.num_layers_per_virtual_pipeline_stage:
+    if plugin.num_layers_per_virtual_pipeline_stage and not plugin.virtual_pipeline_model_parallel_size:
         raise MegatronConfigError(
-            "The interleaved (virtual) pipeline schedule needs one model chunk per virtual stage, which "
-            "accel-megatron does not build yet; leave virtual_pipeline_model_parallel_size and "
-            "num_layers_per_virtual_pipeline_stage unset (the 1F1B schedule runs with pp_degree > 1)."
+            "Set MegatronPlugin(virtual_pipeline_model_parallel_size=...) (model chunks per pipeline process): the "
+            "parallel state is built before the model, so its layer count cannot derive it."
         )
     world = dist.get_world_size() if dist.is_initialized() else 1
     plugin.validate(world, device.type)
@@ -118,6 +156,7 @@ def check_config(config: Any, plugin: MegatronPlugin) -> None:
         "tensor_model_parallel_size": plugin.tp_degree,
         "pipeline_model_parallel_size": plugin.pp_degree,
         "sequence_parallel": plugin.sequence_parallelism,
+        "virtual_pipeline_model_parallel_size": plugin.virtual_pipeline_model_parallel_size,
     }
     wrong = {k: (getattr(config, k, None), v) for k, v in wanted.items() if getattr(config, k, None) != v}
     if wrong:
@@ -150,8 +189,9 @@ def half_precision(model: nn.Module, mixed_precision: str) -> nn.Module:
     return Float16Module(config, model)
 
 
-def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device) -> nn.Module:
-    """megatron-core's DistributedDataParallel over the data-parallel group (contiguous grad buffers)."""
+def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device, *, first_chunk: bool = True) -> nn.Module:
+    """megatron-core's DistributedDataParallel over the data-parallel group (contiguous grad buffers;
+    bucketed for the first model chunk only, as megatron-core's training loop does)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
@@ -161,7 +201,9 @@ def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device) -> 
         bucket_size=plugin.bucket_size,
     )
     with on_device(device):
-        return DistributedDataParallel(config=model_config(model), ddp_config=ddp_config, module=model)
+        return DistributedDataParallel(
+            config=model_config(model), ddp_config=ddp_config, module=model, disable_bucketing=not first_chunk
+        )
 
 
 def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:

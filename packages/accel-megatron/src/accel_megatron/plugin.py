@@ -36,11 +36,12 @@ class MegatronPlugin:
     group (needs tp_degree > 1): less activation memory, same communication volume."""
     num_layers_per_virtual_pipeline_stage: int | None = None
     """Interleaved pipeline: each process holds several non-consecutive chunks of this many
-    layers. Smaller bubble, more point-to-point messages. Needs pp_degree > 1. Validated here,
-    but `prepare` refuses it for now: it does not build the per-stage model chunks yet."""
+    layers. Smaller bubble, more point-to-point messages. Needs pp_degree > 1 and, since the
+    parallel state exists before the model, `virtual_pipeline_model_parallel_size` as well."""
     virtual_pipeline_model_parallel_size: int | None = None
-    """Number of model chunks per pipeline process (derived from the field above when the
-    model says its layer count; set it directly when building the chunks yourself)."""
+    """Model chunks per pipeline process (the interleaved schedule). A `ModelProvider`'s function
+    is then called once per chunk with `vp_stage=i` as well; `prepare` returns the chunks as one
+    `ModelChunks` model, trained through `accelerator.strategy.train_step`."""
     num_micro_batches: int = 1
     """Micro-batches per `train_step` under pipeline parallelism: each batch from the loader
     is split into this many along dim 0. More micro-batches, smaller bubble."""

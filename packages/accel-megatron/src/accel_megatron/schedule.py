@@ -42,7 +42,7 @@ def _shape(micro_batch: Any) -> tuple[int, int]:
 
 
 def run(
-    model: nn.Module,
+    chunks: list[nn.Module],
     batch: Any,
     forward_fn: Callable[[nn.Module, Any], torch.Tensor],
     loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
@@ -60,7 +60,8 @@ def run(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     micro_batches = split_micro_batches(batch, num_micro_batches)
-    queue = iter(micro_batches)
+    # One iterator per model chunk: under the interleaved schedule every chunk draws each micro-batch.
+    queues = [iter(micro_batches) for _ in chunks]
 
     def forward_step(data_iterator: Any, stage: nn.Module) -> tuple[torch.Tensor, Callable[..., Any]]:
         micro_batch = next(data_iterator)
@@ -76,8 +77,8 @@ def run(
     micro_batch_size, batch_seq = _shape(micro_batches[0])
     losses = get_forward_backward_func()(
         forward_step_func=forward_step,
-        data_iterator=queue,
-        model=[model],
+        data_iterator=queues if len(chunks) > 1 else queues[0],
+        model=chunks,
         num_microbatches=num_micro_batches,
         seq_length=seq_length or batch_seq,
         micro_batch_size=micro_batch_size,

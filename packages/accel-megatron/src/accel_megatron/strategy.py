@@ -47,6 +47,8 @@ class MegatronStrategy(Strategy):
         self.plugin: MegatronPlugin = config
         self.device: torch.device | None = None
         self.models: list[nn.Module] = []
+        """Every DDP-wrapped model chunk (one per prepared model, or one per virtual pipeline stage)."""
+        self._prepared_models = 0
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed_type import DistributedType
@@ -73,7 +75,7 @@ class MegatronStrategy(Strategy):
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         """One model per Accelerator, as in Accelerate (AssertionError with its message); then parallel state."""
         models = [o for o in objects if isinstance(o, nn.Module) and not self.is_wrapped(o)]
-        if len(models) + len(self.models) > 1:
+        if len(models) + self._prepared_models > 1:
             raise AssertionError(MULTIPLE_MODELS)
         # Parallel state first, whatever the argument order: data loaders need the DP group.
         self._ensure_initialized(ctx.device)
@@ -88,16 +90,21 @@ class MegatronStrategy(Strategy):
     def wrap_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
         self._ensure_initialized(ctx.device)
         if isinstance(model, parallel.ModelProvider):
-            model = model.build()
+            stages = model.build()
             if ctx.device_placement:
-                model = model.to(ctx.device)
-        config = parallel.model_config(model)
-        parallel.check_config(config, self.plugin)
-        if not ctx.evaluation_mode:
-            model = parallel.half_precision(model, ctx.mixed_precision)
-        wrapped = parallel.wrap_ddp(model, self.plugin, ctx.device)
-        self.models.append(wrapped)
-        return wrapped
+                stages = [stage.to(ctx.device) for stage in stages]
+        else:
+            stages = [model]
+        wrapped = []
+        for i, stage in enumerate(stages):
+            parallel.check_config(parallel.model_config(stage), self.plugin)
+            if not ctx.evaluation_mode:
+                stage = parallel.half_precision(stage, ctx.mixed_precision)
+            wrapped.append(parallel.wrap_ddp(stage, self.plugin, ctx.device, first_chunk=i == 0))
+        self.models.extend(wrapped)
+        self._prepared_models += 1
+        # One chunk: the DDP-wrapped model itself; the interleaved schedule's chunks: one container.
+        return wrapped[0] if len(wrapped) == 1 else parallel.ModelChunks(wrapped)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         from megatron.core.distributed import DistributedDataParallel
@@ -110,7 +117,7 @@ class MegatronStrategy(Strategy):
     def is_wrapped(self, model: nn.Module) -> bool:
         from megatron.core.distributed import DistributedDataParallel
 
-        return isinstance(model, DistributedDataParallel)
+        return isinstance(model, (DistributedDataParallel, parallel.ModelChunks))
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         if self.is_wrapped(model):
@@ -174,7 +181,7 @@ class MegatronStrategy(Strategy):
         assert self.device is not None, "prepare a model first"
         with self.redirect():
             return schedule.run(
-                model,
+                parallel.chunks_of(model),
                 batch,
                 forward_fn,
                 loss_fn,
@@ -186,10 +193,11 @@ class MegatronStrategy(Strategy):
     # ---- state dicts and checkpoints -------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         with self.redirect():
-            return checkpoint.full_state_dict(self.unwrap(model))
+            return checkpoint.full_state_dict([self.unwrap(c) for c in parallel.chunks_of(model)])
 
     def load_full_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
-        checkpoint.load_full_state_dict(self.unwrap(model), state_dict, strict=strict)
+        for chunk in parallel.chunks_of(model):
+            checkpoint.load_full_state_dict(self.unwrap(chunk), state_dict, strict=strict)
 
     def save_checkpoint_state(
         self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool

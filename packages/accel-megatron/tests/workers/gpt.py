@@ -1,7 +1,8 @@
 """Train a small megatron-core GPTModel through accel; argv: MODE OUT_DIR.
 
 MODE: ref (one process, no model parallelism: the reference), tp (TP=2), dp (DP=2 through
-megatron-core's DDP), dpopt (DP=2 with the distributed optimizer), pp (PP=2, pipeline schedule).
+megatron-core's DDP), dpopt (DP=2 with the distributed optimizer), pp (PP=2, pipeline schedule), vpp (PP=2 with 2
+virtual stages per process: the interleaved schedule).
 Every mode starts from the reference's initial full weights and writes its per-step losses.
 """
 
@@ -24,6 +25,7 @@ plugin = {
     "dp": MegatronPlugin(),
     "dpopt": MegatronPlugin(use_distributed_optimizer=True),
     "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2),
+    "vpp": MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2),
     "accum": MegatronPlugin(tp_degree=2),
 }[mode]
 # Data-parallel modes split each batch of BATCH over the replicas, so one step sees the same
@@ -37,13 +39,13 @@ accelerator = Accelerator(
 rank = accelerator.process_index
 
 
-def provider(pre_process: bool, post_process: bool) -> torch.nn.Module:
+def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> torch.nn.Module:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=2,
+        num_layers=4,
         hidden_size=32,
         num_attention_heads=4,
         use_cpu_initialization=True,
@@ -59,6 +61,7 @@ def provider(pre_process: bool, post_process: bool) -> torch.nn.Module:
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=False,
+        vp_stage=vp_stage,
     )
 
 
@@ -93,7 +96,7 @@ for (batch,) in loader:
     seen.append(batch.tolist())
     gathered.append(accelerator.gather_for_metrics(batch).tolist())
     with accelerator.accumulate(model):
-        if mode == "pp":
+        if mode in ("pp", "vpp"):
             loss = accelerator.strategy.train_step(model, batch, forward, loss_fn, seq_length=SEQ)
         else:
             loss = loss_fn(forward(model, batch), batch)
