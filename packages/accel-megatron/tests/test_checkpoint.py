@@ -13,15 +13,23 @@ pytest.importorskip("megatron.core")
 
 
 @pytest.mark.parametrize(
-    ("tp", "pp", "dropout", "precision"), [(2, 1, 0.0, "no"), (1, 2, 0.0, "no"), (2, 1, 0.3, "no"), (1, 2, 0.0, "bf16")]
+    ("tp", "pp", "dropout", "precision", "virtual"),
+    [(2, 1, 0.0, "no", 0), (1, 2, 0.0, "no", 0), (2, 1, 0.3, "no", 0), (1, 2, 0.0, "bf16", 0), (1, 2, 0.0, "no", 2)],
 )
 def test_save_state_load_state_resumes_exactly(
-    tmp_path: Path, tp: int, pp: int, dropout: float, precision: str
+    tmp_path: Path, tp: int, pp: int, dropout: float, precision: str, virtual: int
 ) -> None:
     """With dropout under TP=2, the model-parallel RNG tracker's streams are part of the checkpoint; under bf16
-    the pipeline runs megatron-core's Float16Module stages and its mixed-precision optimizer."""
+    the pipeline runs megatron-core's Float16Module stages and its mixed-precision optimizer; with 2 virtual
+    stages every model chunk is its own entry of the distributed checkpoint."""
     run_launch(
-        WORKERS / "resume.py", str(tp), str(pp), str(tmp_path), str(dropout), env={"ACCEL_MIXED_PRECISION": precision}
+        WORKERS / "resume.py",
+        str(tp),
+        str(pp),
+        str(tmp_path),
+        str(dropout),
+        str(virtual),
+        env={"ACCEL_MIXED_PRECISION": precision},
     )
     result = json.loads((tmp_path / "resume.json").read_text())
     assert result["dtype"] == ("torch.bfloat16" if precision == "bf16" else "torch.float32")

@@ -1,4 +1,4 @@
-"""save_state / load_state through megatron-core's distributed checkpointing; argv: TP PP OUT_DIR [DROPOUT].
+"""save_state / load_state through megatron-core's distributed checkpointing; argv: TP PP OUT_DIR [DROPOUT [VIRTUAL]].
 
 Trains 2 steps, saves, trains 2 more (recording losses, weights and the learning rate), loads
 the checkpoint and repeats those 2 steps: everything must be identical. With DROPOUT > 0 the
@@ -17,14 +17,14 @@ from accel_megatron import MegatronPlugin, ModelProvider
 VOCAB, SEQ, BATCH = 64, 8, 4
 
 
-def gpt_provider(plugin: MegatronPlugin, dropout: float = 0.0):
-    def provider(pre_process: bool, post_process: bool) -> torch.nn.Module:
+def gpt_provider(plugin: MegatronPlugin, dropout: float = 0.0, num_layers: int = 2):
+    def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> torch.nn.Module:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         config = TransformerConfig(
-            num_layers=2,
+            num_layers=num_layers,
             hidden_size=32,
             num_attention_heads=4,
             use_cpu_initialization=True,
@@ -40,6 +40,7 @@ def gpt_provider(plugin: MegatronPlugin, dropout: float = 0.0):
             pre_process=pre_process,
             post_process=post_process,
             share_embeddings_and_output_weights=False,
+            vp_stage=vp_stage,
         )
 
     return provider
@@ -48,9 +49,12 @@ def gpt_provider(plugin: MegatronPlugin, dropout: float = 0.0):
 def main() -> None:
     tp, pp, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     dropout = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
-    plugin = MegatronPlugin(tp_degree=tp, pp_degree=pp, num_micro_batches=2)
+    virtual = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    plugin = MegatronPlugin(
+        tp_degree=tp, pp_degree=pp, num_micro_batches=2, virtual_pipeline_model_parallel_size=virtual or None
+    )
     accelerator = Accelerator(megatron_lm_plugin=plugin)
-    model = accelerator.prepare(ModelProvider(gpt_provider(plugin, dropout)))
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin, dropout, num_layers=2 * max(virtual, 1))))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=8, eta_min=1e-3)
     optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
