@@ -6,8 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from accel.adapter import Adapter, Availability, Capabilities
 from accel.adapter_options import AdapterOptions, option
+from accel.prepare import PrepareContext
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -49,6 +51,19 @@ class ExampleAdapter(Adapter):
         if os.environ.get("EXAMPLE_DEVICE") == "1":
             return Availability(available=True)
         return Availability(available=False, reason="no example device (EXAMPLE_DEVICE is not 1)")
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
+        # A vendor decision: AdamW runs the device's fused kernel when it has one. Never gate
+        # it on `self.emulate`: the kit's decision record (fused flag) would differ.
+        if isinstance(optimizer, torch.optim.AdamW) and self.vendor.has_fused_adamw():
+            for group in optimizer.param_groups:
+                group.update(fused=True, foreach=False)
+            optimizer.defaults.update(fused=True, foreach=False)
+        return optimizer
+
+    def decision_record(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+        """What the kit compares between emulation and the hardware twin, beyond dtypes and flags."""
+        return {"mark_every": self.config.mark_every}
 
     def after_optimizer_step(self) -> None:
         self.optimizer_steps += 1

@@ -13,3 +13,8 @@ def mark_step() -> None:
     if os.environ.get("EXAMPLE_DEVICE") != "1":
         raise RuntimeError("the example device is not present")
     steps += 1
+
+
+def has_fused_adamw() -> bool:
+    """Whether the device's library has a fused AdamW kernel (the adapter then asks for it)."""
+    return os.environ.get("EXAMPLE_DEVICE") == "1"

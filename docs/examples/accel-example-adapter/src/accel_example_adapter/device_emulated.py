@@ -8,3 +8,7 @@ steps = 0
 def mark_step() -> None:
     global steps
     steps += 1
+
+
+def has_fused_adamw() -> bool:
+    return True  # as the device says: the decision it drives is made under emulation too
