@@ -205,3 +205,12 @@ def test_an_adapter_sees_each_models_optimizers_of_the_call(monkeypatch: pytest.
     alone = torch.nn.Linear(2, 2)
     accelerator.prepare(alone)
     assert seen[id(alone)] == ()
+
+
+def test_an_optimizer_prepared_before_its_model_follows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CPUAdapter, "prepare_model", _replace_parameters)
+    accelerator = Accelerator()
+    model = Rebuilt()
+    opt = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    model = accelerator.prepare(model)
+    assert {id(p) for p in model.parameters()} == {id(p) for g in opt.param_groups for p in g["params"]}

@@ -1,6 +1,8 @@
 """Re-pointing optimizers at replaced parameters, checked without a device: torch's
 `overwrite_module_params_on_conversion` makes `module.to(dtype)` replace Parameters the way
-placement on an XLA device does, so the same trap and the same fix show on the CPU."""
+placement on an XLA device does, so the same trap and the same fix show on the CPU. The fix
+is the core's (`accel.prepare_group.ParameterMap`, run by every `prepare`); the adapter keeps
+only the re-tying of tied weights."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from accel_xla.repoint import ParameterRecord, repoint, retie, tied_groups
+from accel.prepare_group import ParameterMap
+from accel_xla.repoint import retie, tied_groups
 
 
 @pytest.fixture
@@ -44,11 +47,12 @@ def test_the_trap_is_real(replacing_conversion: None) -> None:
 
 def test_repointed_optimizer_equals_one_built_after(replacing_conversion: None) -> None:
     early = _model()
-    record = ParameterRecord()
-    record.add(early)
+    before = ParameterMap.snapshot(early)
     opt_early = torch.optim.SGD(early.parameters(), lr=0.1, momentum=0.9)
     early.to(torch.float64)
-    assert repoint(opt_early, record.replacements()) == 4
+    mapping = ParameterMap()
+    mapping.record(before, early)
+    assert mapping.repoint(opt_early) == 4
 
     late = _model().to(torch.float64)
     opt_late = torch.optim.SGD(late.parameters(), lr=0.1, momentum=0.9)
@@ -63,10 +67,11 @@ def test_existing_adam_state_is_rekeyed_and_converted(replacing_conversion: None
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     _train(model, opt, 2, torch.float32)
     moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
-    record = ParameterRecord()
-    record.add(model)
+    before = ParameterMap.snapshot(model)
     model.to(torch.float64)
-    repoint(opt, record.replacements())
+    mapping = ParameterMap()
+    mapping.record(before, model)
+    mapping.repoint(opt)
 
     params = list(model.parameters())
     assert set(opt.state) == set(params)
@@ -96,14 +101,15 @@ def test_tied_weights_map_to_one_new_parameter(replacing_conversion: None) -> No
     model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
     model[1].weight = model[0].weight
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    record = ParameterRecord()
-    record.add(model)
+    before = ParameterMap.snapshot(model)
     groups = tied_groups(model)
     assert groups == [["0.weight", "1.weight"]]
     model.to(torch.float64)
     assert model[0].weight is not model[1].weight  # the conversion unties them
     retie(model, groups)
-    repoint(opt, record.replacements())
+    mapping = ParameterMap()
+    mapping.record(before, model)
+    mapping.repoint(opt)
     assert opt.param_groups[0]["params"] == [model[0].weight]
     assert model[0].weight is model[1].weight
 
@@ -111,8 +117,8 @@ def test_tied_weights_map_to_one_new_parameter(replacing_conversion: None) -> No
 def test_untouched_optimizer_is_left_alone() -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    record = ParameterRecord()
-    record.add(model)
+    before = ParameterMap.snapshot(model)
     model.to(torch.float64)  # in place: the same Parameter objects
-    assert record.replacements() == {}
-    assert repoint(opt, {}) == 0
+    mapping = ParameterMap()
+    assert mapping.record(before, model) == 0
+    assert mapping.repoint(opt) == 0

@@ -531,7 +531,11 @@ class Accelerator(AcceleratorCompatMixin):
         prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode, paired))
         if self.adapter.repoints_paired_optimizers:
             self._adapter_repointed.update(paired)
-        self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False))
+        if self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False)):
+            # Optimizers prepared in an earlier call than their model follow it too.
+            for wrapper in self._optimizers:
+                if wrapper.optimizer not in self._adapter_repointed:
+                    self._parameter_map.repoint(wrapper.optimizer)
         self._models.append(prepared)
         return prepared
 

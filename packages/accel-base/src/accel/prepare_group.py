@@ -28,7 +28,7 @@ _TRANSPARENT_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wra
 
 STATE_ON_RESHAPED = (
     "The optimizer already has state (it has stepped) for parameters that `prepare` replaced with tensors of "
-    "another shape (shards); that state cannot be moved onto them. Create the optimizer fresh before `prepare`, "
+    "another shape or kind (shards, DTensors); that state cannot be moved onto them. Create the optimizer fresh before `prepare`, "
     "and restore its state afterwards with `load_state`."
 )
 
@@ -171,7 +171,7 @@ class ParameterMap:
             return 0
         saved = None
         if optimizer.state:
-            if any(old.shape != new.shape and old in optimizer.state for old, new in changed):
+            if any(_reshaped(old, new) and old in optimizer.state for old, new in changed):
                 raise PrepareError(STATE_ON_RESHAPED)
             # state_dict() keys state by position, so it survives the swap of objects.
             saved = optimizer.state_dict()
@@ -185,3 +185,9 @@ class ParameterMap:
     def _prune(self) -> None:
         for key in [k for k, (old, new) in self._moved.items() if old() is None or new() is None]:
             del self._moved[key]
+
+
+def _reshaped(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether optimizer state for `old` cannot simply be cast onto `new` (another shape, or a tensor
+    subclass such as a DTensor shard whose local shape differs from the shape it reports)."""
+    return old.shape != new.shape or type(old) is not type(new)

@@ -21,7 +21,7 @@ from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
 
 from .options import XLALaunchOptions
-from .repoint import ParameterRecord, first_device, optimizer_params, repoint, retie, tied_groups
+from .repoint import first_device, optimizer_params, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:
@@ -73,12 +73,9 @@ class XLAAdapter(Adapter):
 
     def __init__(self, *, emulate: bool = False, options: Any = None) -> None:
         super().__init__(emulate=emulate, options=options)
-        self._record = ParameterRecord()
-        # Weak both ways: an old CPU parameter no optimizer holds any more must be freed (it is a
-        # full host copy of the weights), and a dead entry must not match a reused id.
-        self._moved: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
-        # Every optimizer prepared (re-pointed after each `prepare`), with the xla_ddp strategy
-        # of its Accelerator (None under "ddp"): that strategy knows whether its step must average.
+        # Every optimizer prepared, with the xla_ddp strategy of its Accelerator (None under
+        # "ddp"): that strategy knows whether its step must average. (The core re-points
+        # optimizers at the parameters placement created: accel.prepare_group.ParameterMap.)
         self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, XLADataParallelStrategy | None] = (
             weakref.WeakKeyDictionary()
         )
@@ -151,7 +148,7 @@ class XLAAdapter(Adapter):
 
     # ---- prepare ------------------------------------------------------------------------
     def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
-        """Record each model's parameters by name before placement replaces them.
+        """Refuse a model and an optimizer that were already apart before placement.
 
         Raises:
             ValueError: a model and an optimizer passed together already on different
@@ -164,8 +161,6 @@ class XLAAdapter(Adapter):
         opt_device = next((d for d in (first_device(optimizer_params(o)) for o in optimizers) if d is not None), None)
         if model_device is not None and opt_device is not None and model_device != opt_device:
             raise ValueError(DEVICE_MISMATCH)
-        for model in models:
-            self._record.add(model)
 
     def place_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """`model.to(device)`, with tied weights tied again (the move replaces each reference separately)."""
@@ -178,22 +173,6 @@ class XLAAdapter(Adapter):
         strategy = ctx.strategy if isinstance(ctx.strategy, XLADataParallelStrategy) else None
         self._optimizers[optimizer] = strategy
         return optimizer
-
-    def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
-        """Re-point every optimizer prepared so far at the parameters placement created."""
-        for key, (old, new) in self._record.replacements().items():
-            self._moved[key] = (weakref.ref(old), weakref.ref(new))
-        self._record = ParameterRecord()
-        live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for key, (old_ref, new_ref) in list(self._moved.items()):
-            old_param, new_param = old_ref(), new_ref()
-            if old_param is None or new_param is None:
-                del self._moved[key]
-            else:
-                live[key] = (old_param, new_param)
-        if live:
-            for optimizer in list(self._optimizers.keys()):
-                repoint(optimizer, live)
 
     def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
         # Batches reach the device through torch_xla's parallel loader (prefetched by a

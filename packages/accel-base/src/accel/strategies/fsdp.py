@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,6 @@ _SHARDING_BY_NUMBER = {
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Prefix that activation checkpointing inserts into parameter names.
-_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 MODEL_WITHOUT_OPTIMIZER = (
     "When using FSDP2, a model and optimizer must be passed together to `Accelerator.prepare()` as the "
@@ -293,10 +291,6 @@ def _size_based(model: nn.Module, modules: list[nn.Module], min_num_params: int)
     return targets
 
 
-def _canonical(name: str) -> str:
-    return name.replace(_CHECKPOINT_PREFIX, "")
-
-
 class FSDP2Strategy(Strategy):
     """Shard models with `fully_shard` over a one-dimensional device mesh of all processes.
 
@@ -320,11 +314,6 @@ class FSDP2Strategy(Strategy):
         super().__init__(config or FSDPConfig())
         self.config: FSDPConfig
         self._mesh: DeviceMesh | None = None
-        # id(old parameter) -> (old, new), so optimizers built on the unsharded model can be
-        # re-pointed; the old parameter is held so its id cannot be reused meanwhile.
-        # Old parameter (weakly) -> its shard, kept after `prepare` so that an optimizer prepared in a
-        # later call is re-pointed too.
-        self._replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
         if self.config.parallelism_config is None:
             from ..parallelism_config import from_environment
 
@@ -371,10 +360,9 @@ class FSDP2Strategy(Strategy):
         if not ctx.use_distributed or isinstance(model, FSDPModule):
             return model
         config = self.config
-        before = {_canonical(n): p for n, p in model.named_parameters(remove_duplicate=False)}
+        # The core re-points optimizers at the shards (accel.prepare_group.ParameterMap).
         shard_mesh = self._nd_prepare(model, ctx)
         if shard_mesh is None:
-            self._record_replaced(model, before)
             return model
         targets = wrap_targets(model, config)
         if config.activation_checkpointing:
@@ -396,7 +384,6 @@ class FSDP2Strategy(Strategy):
         fully_shard(model, **{**kwargs, "reshard_after_forward": False})
         if config.cpu_ram_efficient_loading:
             _load_from_main(model, rank0_state, ctx.device)
-        self._record_replaced(model, before)
         return model
 
     def _nd_prepare(self, model: nn.Module, ctx: PrepareContext) -> Any:
@@ -413,31 +400,6 @@ class FSDP2Strategy(Strategy):
         if not pc.dp_shard_cp_dim_names:
             return None
         return self._mesh[tuple(pc.fsdp_dim_names)]
-
-    def _record_replaced(self, model: nn.Module, before: dict[str, nn.Parameter]) -> None:
-        for name, new in model.named_parameters(remove_duplicate=False):
-            old = before.get(_canonical(name))
-            if old is not None and old is not new:
-                self._replaced[id(old)] = (weakref.ref(old), new)
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
-        if not self._replaced:
-            return optimizer
-        touched = [p for g in optimizer.param_groups for p in g["params"] if self._new_param(p) is not p]
-        if touched and optimizer.state:
-            raise ValueError(
-                "The optimizer already has state (it has stepped) for parameters that FSDP2 just sharded; that "
-                "state cannot be moved onto the shards. Create the optimizer fresh before `prepare`, and restore "
-                "its state afterwards with `load_state`."
-            )
-        for group in optimizer.param_groups:
-            group["params"] = [self._new_param(p) for p in group["params"]]
-        return optimizer
-
-    def _new_param(self, param: torch.Tensor) -> torch.Tensor:
-        old_ref, new = self._replaced.get(id(param), (None, param))
-        # The map keeps the old parameter weakly: an id can be reused once it is gone.
-        return new if old_ref is not None and old_ref() is param else param
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         # fully_shard shards in place: the user's module is the prepared one.
