@@ -425,6 +425,8 @@ class AcceleratorState:
     """
 
     _shared_state: dict[str, Any] = {}
+    _strategy: Any
+    """The Accelerator's strategy (set by it), for `deepspeed_plugin` / `fsdp_plugin`."""
     _known_attrs: list[str] = [
         *PartialState._known_attrs,
         "deepspeed_plugin",
