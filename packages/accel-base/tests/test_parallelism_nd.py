@@ -308,12 +308,16 @@ def test_launch_flags_and_config_keys_become_worker_environment(monkeypatch):
         monkeypatch.setenv(name, "")  # restored (unset) after the test, whatever the parser sets
         monkeypatch.delenv(name)
     argv = ["--use_parallelism_config", "--parallelism_config_tp_size", "2", "train.py"]
-    _launch_parser(argv).parse_args(argv)
-    assert os.environ["ACCEL_USE_PARALLELISM_CONFIG"] == "1" and os.environ["ACCEL_PARALLELISM_TP_SIZE"] == "2"
-    # A config file's mapping does not override a flag.
+    ns = _launch_parser(argv).parse_args(argv)
+    # Parsing changes no environment (the launcher's process, or a test's, keeps its own); the
+    # workers get the flags through launch.worker_env.
+    assert "ACCEL_PARALLELISM_TP_SIZE" not in os.environ and "ACCEL_USE_PARALLELISM_CONFIG" not in os.environ
+    assert ns.parallelism_env == {"ACCEL_USE_PARALLELISM_CONFIG": "1", "ACCEL_PARALLELISM_TP_SIZE": "2"}
+    # A config file's mapping (applied while the launcher resolves its settings) does not override a flag.
     _parallelism(
         "parallelism_config", {"parallelism_config_tp_size": 4, "parallelism_config_dp_shard_size": 2}, {}, {}, []
     )
+    os.environ.update(ns.parallelism_env)  # what worker_env adds last
     assert os.environ["ACCEL_PARALLELISM_TP_SIZE"] == "2" and os.environ["ACCEL_PARALLELISM_DP_SHARD_SIZE"] == "2"
     pc = ParallelismConfig()
     assert (pc.tp_size, pc.dp_shard_size) == (2, 2)
@@ -324,6 +328,8 @@ def test_launch_flags_and_config_keys_become_worker_environment(monkeypatch):
 def test_environment_selects_fsdp2_with_a_parallelism_config(monkeypatch):
     from accel import Accelerator
 
+    monkeypatch.setenv("ACCEL_USE_PARALLELISM_CONFIG", "")  # restored (unset) afterwards: the
+    monkeypatch.delenv("ACCEL_USE_PARALLELISM_CONFIG")  # Accelerator translates the variable below into it
     monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
     acc = Accelerator()
     assert acc.strategy.name == "fsdp2" and isinstance(acc.parallelism_config, ParallelismConfig)

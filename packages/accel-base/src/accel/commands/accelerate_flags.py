@@ -10,7 +10,6 @@ and flags accel refuses with a one-line reason. Every flag takes both spellings.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from ..parallelism_config import LAUNCH_KEYS, launch_env
@@ -157,15 +156,18 @@ REFUSED: dict[str, tuple[bool, str]] = {
 
 
 class _ParallelismToEnv(argparse.Action):
-    """A `--parallelism_config_*` flag: the workers get it as `ACCEL_PARALLELISM_*` (they inherit the launcher's
-    environment) and build their `ParallelismConfig` from it."""
+    """A `--parallelism_config_*` flag: the workers get it as `ACCEL_PARALLELISM_*` (`launch.worker_env` adds
+    `namespace.parallelism_env`) and build their `ParallelismConfig` from it. Parsing changes no environment."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
         value = None if values in (None, []) else values
         try:
-            os.environ.update(launch_env({self.dest: value}))
+            env = launch_env({self.dest: value})
         except ValueError as exc:
             parser.error(str(exc))
+        collected = dict(getattr(namespace, "parallelism_env", None) or {})
+        collected.update(env)
+        namespace.parallelism_env = collected
         setattr(namespace, self.dest, True if value is None else value)
 
 
