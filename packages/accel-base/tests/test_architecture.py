@@ -13,9 +13,8 @@ import inspect
 import sys
 from pathlib import Path
 
-import pytest
-
 import accel
+import pytest
 from accel import checkpoint
 from accel.strategies.base import Strategy
 
