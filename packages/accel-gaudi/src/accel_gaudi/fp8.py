@@ -157,6 +157,6 @@ def wrap_gradient_checkpointing(model: torch.nn.Module, vendor: ModuleType, reci
                 return _inner(vendor.activation_checkpointing(function, recipe), *args, **kwargs)
 
             checkpointed._accel_fp8_recompute = True  # type: ignore[attr-defined]
-            module._gradient_checkpointing_func = checkpointed
+            module._gradient_checkpointing_func = checkpointed  # type: ignore[assignment]
             wrapped += 1
     return wrapped
