@@ -291,7 +291,7 @@ class Adapter:
     repoints_paired_optimizers: ClassVar[bool] = False
     """True when `prepare_model` makes the optimizers in `ctx.optimizers` train the model's new
     parameters itself (a vendor that optimizes a model together with its optimizer, like
-    `ipex.optimize`); the core then leaves those optimizers as the adapter left them."""
+    a vendor `optimize(model, optimizer)` call); the core then leaves those optimizers as the adapter left them."""
 
     def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
         """Runs once per `prepare` call before anything is placed (e.g. record parameter identities)."""

@@ -7,12 +7,12 @@ pieces save writing the parts every stand-in needs::
     from accel.testing.emulated import DeviceGenerators, device_count_from_env
 
     calls: Counter[str] = Counter()          # tests assert where the adapter makes device calls
-    _rng = DeviceGenerators(lambda: device_count_from_env("NPU_VISIBLE_DEVICES"))
+    _rng = DeviceGenerators(lambda: device_count_from_env("MYDEV_VISIBLE_DEVICES"))
     generator, get_rng_state, set_rng_state, manual_seed = (
         _rng.generator, _rng.get_rng_state, _rng.set_rng_state, _rng.manual_seed)
 
     def device_count() -> int:
-        return device_count_from_env("NPU_VISIBLE_DEVICES")
+        return device_count_from_env("MYDEV_VISIBLE_DEVICES")
 
     def set_device(index: int) -> None:
         calls["set_device"] += 1
