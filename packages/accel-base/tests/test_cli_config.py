@@ -150,6 +150,7 @@ def test_accelerate_files_map_key_by_key() -> None:
             "activation_checkpointing": False,
             "auto_wrap_policy": "transformer_based_wrap",
             "cpu_offload": False,
+            "cpu_ram_efficient_loading": True,  # the file's fsdp_cpu_ram_efficient_loading, honoured on FSDP2
             "reshard_after_forward": True,
             "state_dict_type": "SHARDED_STATE_DICT",
             "transformer_cls_names_to_wrap": ["Block"],
