@@ -28,6 +28,8 @@ print(f"rank={acc.process_index} batches={n} equal={bool(w[0] == w[1])}", flush=
 
 
 def test_uneven_batches_finish_without_hang_and_stay_in_sync(write_script) -> None:
-    proc = launch(write_script(WORKER), timeout=180)
+    # Join leaves gloo work that torch sometimes aborts on at interpreter exit, after the script
+    # has printed its result (2 in ~30 full runs): that one signature is relaunched once.
+    proc = launch(write_script(WORKER), timeout=180, retry_teardown_abort=True)
     assert "rank=0 batches=3 equal=True" in proc.stdout
     assert "rank=1 batches=2 equal=True" in proc.stdout

@@ -4,11 +4,10 @@ and a launcher that runs a worker script on 2 gloo processes through
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
-import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from accel.state import AcceleratorState, GradientState
@@ -57,33 +56,13 @@ def accel_launch_timeout() -> float:
     return 300
 
 
-# Under torch 2.9 (the torch torch_xla 2.9 needs), a gloo worker aborts about once in 30
-# launches *after* its script has finished and its process group was destroyed, during
-# interpreter finalization ("terminate called without an active exception", no Python
-# frame; measured 2 of 60 runs of test_distributed.py here, never under torch 2.13). That
-# one signature, and only it, gets one more launch; any other failure fails at once.
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
+# Under torch 2.9 a gloo worker sometimes aborts after its script finished (accel.testing.launching.TEARDOWN_ABORT):
+# that one signature gets one more launch.
 @pytest.fixture(scope="session")
 def launch(
     accel_launch_args: tuple[str, ...], accel_launch_timeout: float
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """The plugin's `launch`, retried once when a worker hit torch 2.9's teardown abort."""
-
-    def run(script: Any, *args: str, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        kwargs.setdefault("launch_args", accel_launch_args)
-        kwargs.setdefault("timeout", accel_launch_timeout)
-        proc = run_launch(script, *args, check=False, **kwargs)
-        if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr:
-            warnings.warn(
-                f"worker aborted at interpreter exit (torch 2.9 gloo teardown); relaunching {script}", stacklevel=2
-            )
-            proc = run_launch(script, *args, check=False, **kwargs)
-        if check and proc.returncode != 0:
-            pytest.fail(
-                f"launch failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
-            )
-        return proc
-
-    return run
+    """The plugin's `launch`, retried once on torch's teardown abort."""
+    return functools.partial(
+        run_launch, launch_args=accel_launch_args, timeout=accel_launch_timeout, retry_teardown_abort=True
+    )
