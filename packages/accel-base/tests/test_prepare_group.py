@@ -85,23 +85,11 @@ def test_optimizers_train_the_parameters_preparation_created(monkeypatch: pytest
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
-def test_optimizer_state_moves_with_a_parameter_of_the_same_shape() -> None:
-    old = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([old], lr=0.1, momentum=0.9)
-    old.grad = torch.ones(2)
-    opt.step()
-    holder = torch.nn.Module()
-    holder.w = old
-    before = ParameterMap.snapshot(holder)
-    holder.w = torch.nn.Parameter(old.detach().clone())
-    mapping = ParameterMap()
-    assert mapping.record(before, holder) == 1
-    assert mapping.repoint(opt) == 1
-    assert opt.param_groups[0]["params"][0] is holder.w
-    torch.testing.assert_close(opt.state[holder.w]["momentum_buffer"], torch.ones(2))
-
-
-def test_optimizer_state_for_a_reshaped_parameter_is_refused_with_what_to_do() -> None:
+def _stepped_then_replaced(
+    new: torch.nn.Parameter,
+) -> tuple[torch.nn.Parameter, torch.optim.SGD, torch.nn.Module, ParameterMap]:
+    """An SGD with momentum state for a module's parameter, then the parameter replaced by `new` and the
+    replacement recorded: (the old parameter, the optimizer, the module, the map)."""
     old = torch.nn.Parameter(torch.ones(4))
     opt = torch.optim.SGD([old], lr=0.1, momentum=0.9)
     old.grad = torch.ones(4)
@@ -109,9 +97,21 @@ def test_optimizer_state_for_a_reshaped_parameter_is_refused_with_what_to_do() -
     holder = torch.nn.Module()
     holder.w = old
     before = ParameterMap.snapshot(holder)
-    holder.w = torch.nn.Parameter(torch.ones(2))  # a shard
+    holder.w = new
     mapping = ParameterMap()
-    mapping.record(before, holder)
+    assert mapping.record(before, holder) == 1
+    return old, opt, holder, mapping
+
+
+def test_optimizer_state_moves_with_a_parameter_of_the_same_shape() -> None:
+    _, opt, holder, mapping = _stepped_then_replaced(torch.nn.Parameter(torch.ones(4) - 0.1))
+    assert mapping.repoint(opt) == 1
+    assert opt.param_groups[0]["params"][0] is holder.w
+    torch.testing.assert_close(opt.state[holder.w]["momentum_buffer"], torch.ones(4))
+
+
+def test_optimizer_state_for_a_reshaped_parameter_is_refused_with_what_to_do() -> None:
+    old, opt, _, mapping = _stepped_then_replaced(torch.nn.Parameter(torch.ones(2)))  # a shard
     with pytest.raises(PrepareError, match="Create the optimizer fresh before `prepare`") as info:
         mapping.repoint(opt)
     assert isinstance(info.value, ValueError)

@@ -42,7 +42,7 @@ from .kwargs import (
 from .optimizer import AcceleratedOptimizer
 from .precision import Precision, remove_autocast_wrapper
 from .prepare import PrepareContext
-from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects
+from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
 from .prepared import Prepared, RunContext
 from .registry import get_strategy_class
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
@@ -1045,7 +1045,7 @@ def _holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
     if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_is_accel_prepared", False):
         return False
     params = {id(p) for p in model.parameters()}
-    return any(id(p) in params for group in obj.param_groups for p in group["params"])
+    return any(id(p) in params for p in optimizer_params(obj))
 
 
 def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -62,6 +62,15 @@ def _autocast_decorator(
         return inner
 
     return decorate
+
+
+@contextlib.contextmanager
+def enter_all(factories: list[Callable[[], contextlib.AbstractContextManager[Any]]]) -> Iterator[None]:
+    """Enter a fresh context from each factory, in order (a forward under several precision contexts)."""
+    with contextlib.ExitStack() as stack:
+        for make in factories:
+            stack.enter_context(make())
+        yield
 
 
 def remove_autocast_wrapper(model: torch.nn.Module) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from accel.precision import Precision, wrap_forward_in_autocast
+from accel.precision import Precision, enter_all, wrap_forward_in_autocast
 
 from . import fp8
 
@@ -36,13 +35,5 @@ class CUDAPrecision(Precision):
                 return contextlib.nullcontext()
 
             contexts.append(te_context)
-        wrap_forward_in_autocast(model, lambda: _enter_all(contexts))
+        wrap_forward_in_autocast(model, lambda: enter_all(contexts))
         return model
-
-
-@contextlib.contextmanager
-def _enter_all(factories: list[Any]) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for make in factories:
-            stack.enter_context(make())
-        yield

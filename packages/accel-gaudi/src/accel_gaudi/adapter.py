@@ -6,17 +6,16 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import multiprocessing
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
-from accel.precision import wrap_forward_in_autocast
+from accel.precision import enter_all, wrap_forward_in_autocast
 
 from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
 from .options import GaudiOptions
@@ -149,7 +148,7 @@ class GaudiAdapter(Adapter):
             recipe = model._accel_fp8_recipe
             contexts.append(lambda: self.vendor.fp8_autocast(recipe))
         if contexts:
-            wrap_forward_in_autocast(model, lambda: _enter_all(contexts))
+            wrap_forward_in_autocast(model, lambda: enter_all(contexts))
         return model
 
     def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
@@ -281,11 +280,3 @@ class GaudiAdapter(Adapter):
             f"regional_compilation={c.use_regional_compilation} force_autocast={c.force_autocast} "
             f"autocast_policy={c.autocast_policy} fp8={c.fp8}"
         )
-
-
-@contextlib.contextmanager
-def _enter_all(factories: list[Any]) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for make in factories:
-            stack.enter_context(make())
-        yield

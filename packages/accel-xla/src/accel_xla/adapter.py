@@ -19,9 +19,10 @@ from accel.adapter import Adapter, Availability, Capabilities
 from accel.distributed_type import DistributedType
 from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
+from accel.prepare_group import optimizer_params
 
 from .options import XLALaunchOptions
-from .repoint import first_device, optimizer_params, retie, tied_groups
+from .repoint import first_device, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:

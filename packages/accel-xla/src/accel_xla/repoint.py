@@ -19,10 +19,6 @@ def first_device(tensors: Any) -> torch.device | None:
     return next((t.device for t in tensors), None)
 
 
-def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
 def tied_groups(model: torch.nn.Module) -> list[list[str]]:
     """Names that share one Parameter (tied weights), one list per shared Parameter."""
     by_id: dict[int, list[str]] = {}
