@@ -248,8 +248,11 @@ def test_prepare_rules_with_the_seed_messages():
     assert acc.scaler is None
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(a.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=f"^{re.escape(MULTIPLE_MODELS)}$"):
+    # Accelerate 1.15 raises AssertionError (not ValueError) for a second model, with this text.
+    assert MULTIPLE_MODELS == "You can't use same `Accelerator()` instance with multiple models when using DeepSpeed"
+    with pytest.raises(AssertionError, match=f"^{re.escape(MULTIPLE_MODELS)}$") as info:
         acc.prepare(a, b, opt)
+    assert type(info.value) is AssertionError
     with pytest.raises(ValueError, match=f"^{re.escape(DEVICE_PLACEMENT)}$"):
         acc.prepare(a, opt, device_placement=[True, True])
     assert DEVICE_PLACEMENT == "You can't customize device placements with DeepSpeed or Megatron-LM."

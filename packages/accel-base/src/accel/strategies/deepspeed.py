@@ -171,7 +171,8 @@ class DeepSpeedStrategy(Strategy):
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         models = [o for o in objects if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)]
         if len(models) + (self.engine is not None) > 1:
-            raise ValueError(MULTIPLE_MODELS)
+            # Accelerate 1.15 raises AssertionError here (not ValueError); scripts catch that type.
+            raise AssertionError(MULTIPLE_MODELS)
         has_optimizer = any(isinstance(o, torch.optim.Optimizer) for o in objects)
         if has_optimizer and not models:
             raise ValueError(
