@@ -14,7 +14,7 @@ import pytest
 import torch
 from accel.adapter import Adapter
 from accel.testing import AdapterConformanceSuite, KitRun
-from accel.testing.emulated import DeviceGenerators, device_count_from_env, record_calls
+from accel.testing.emulated import DeviceGenerators, current_device_setters, device_count_from_env, record_calls
 
 FIXTURES = Path(__file__).parent / "kit_fixtures"
 VENDOR_TESTS = (
@@ -25,17 +25,27 @@ VENDOR_TESTS = (
 )
 
 
-def _launch(adapter: str, out: Path) -> KitRun:
+def _classes() -> dict[str, type[Adapter]]:
     sys.path.insert(0, str(FIXTURES))
     try:
+        from kit_leaky import LeakyNPUAdapter
         from kit_npu.adapter import HollowNPUAdapter, RealNPUAdapter
     finally:
         sys.path.remove(str(FIXTURES))
-    cls = {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter}[adapter]
+    return {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter, "leakynpu": LeakyNPUAdapter}
+
+
+def _launch(adapter: str, out: Path) -> KitRun:
+    cls = _classes()[adapter]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     env.update(PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--adapter", adapter, "--emulate"]
-    extras = ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum"]
+    # The leaky adapter only needs the vendor report (one launch less of the kit's other checks).
+    extras = (
+        []
+        if adapter == "leakynpu"
+        else ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum"]
+    )
     cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor", *extras]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2) if (out / f"rank{r}.json").is_file()]
@@ -51,19 +61,14 @@ def _suite(cls_name: str) -> AdapterConformanceSuite:
 
         @classmethod
         def adapter_class(cls) -> type[Adapter]:
-            sys.path.insert(0, str(FIXTURES))
-            try:
-                from kit_npu import adapter as module
-            finally:
-                sys.path.remove(str(FIXTURES))
-            return module.RealNPUAdapter if cls_name == "realnpu" else module.HollowNPUAdapter
+            return _classes()[cls_name]
 
     return Kit()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KitRun]:
-    return {name: _launch(name, tmp_path_factory.mktemp(name)) for name in ("realnpu", "hollownpu")}
+    return {name: _launch(name, tmp_path_factory.mktemp(name)) for name in ("realnpu", "hollownpu", "leakynpu")}
 
 
 @pytest.mark.timeout(600)
@@ -76,7 +81,7 @@ def test_an_adapter_that_reaches_its_vendor_passes(runs: dict[str, KitRun], test
 @pytest.mark.parametrize(
     ("test", "names"),
     [
-        (VENDOR_TESTS[0], "set_device (or before_process_group) must make the device current"),
+        (VENDOR_TESTS[0], "kit_npu.npu_emulated.set_device was never called before the process group started"),
         (VENDOR_TESTS[1], "set_seed does not seed the device generators"),
         (VENDOR_TESTS[2], "manual_seed (set_seed) made no call into kit_npu.npu_emulated"),
         (VENDOR_TESTS[3], "kit_npu.npu_emulated.GradScaler exists but fp16 used GradScaler"),
@@ -86,6 +91,62 @@ def test_the_hollow_adapter_fails_each_vendor_check_by_name(runs: dict[str, KitR
     with pytest.raises(AssertionError) as failure:
         getattr(_suite("hollownpu"), test)(runs["hollownpu"])
     assert names in str(failure.value)
+
+
+@pytest.mark.timeout(600)
+def test_a_vendor_call_that_makes_no_device_current_fails(runs: dict[str, KitRun]) -> None:
+    """No set_device, but device_for asks the stand-in for the device count before the process group:
+    the kit names the setter that was never called, and says what was called instead."""
+    leaky = runs["leakynpu"]
+    for r in leaky.get("vendor"):
+        assert [c["name"] for c in r["before_process_group"]][:1] == ["device_count"]
+        assert r["device_setters"] == ["set_device"]
+    with pytest.raises(AssertionError) as failure:
+        _suite("leakynpu").test_vendor_device_made_current_before_process_group(leaky)
+    message = str(failure.value)
+    assert "rank 0: kit_npu.npu_emulated.set_device was never called before the process group started" in message
+    assert "self.vendor.set_device(0)" in message and "['device_count'" in message
+
+
+def test_the_real_adapter_makes_each_local_rank_current_from_its_set_device(runs: dict[str, KitRun]) -> None:
+    for rank, r in enumerate(runs["realnpu"].get("vendor")):
+        made = [c for c in r["before_process_group"] if c["name"] == "set_device"]
+        assert made == [{"name": "set_device", "args": [rank], "hook": "set_device"}]
+
+
+def _report(setters: list[str], *calls: tuple[str, list[object], str | None], rank: int = 1) -> KitRun:
+    report = {"instrumented": True, "local_rank": rank, "emulated_vendor_module": "v_emulated"}
+    report["device_setters"] = setters
+    report["before_process_group"] = [{"name": n, "args": a, "hook": h} for n, a, h in calls]
+    return KitRun(1, _classes()["realnpu"].capabilities, Path("."), [{"vendor": {"ok": report}}], "")
+
+
+@pytest.mark.parametrize(
+    ("setters", "calls", "failure"),
+    [
+        (["set_device"], [("set_device", [1], "set_device")], None),
+        (["set_device"], [("set_device", [{"device": "npu", "index": 1}], "before_process_group")], None),
+        (["set_device"], [("set_device", [0], "set_device")], r"made current with index \[0\], not the local rank"),
+        (["set_device"], [("set_device", [], "set_device")], "set_device was called without a device index"),
+        (["set_device"], [("device_count", [], None)], r"v_emulated\.set_device was never called"),
+        (["bind"], [("bind", [], "set_device")], None),  # a declared setter that takes no index
+        # No setter (one device per process): a call from the device hooks stands for it ...
+        ([], [("init_distributed", [], "set_device")], None),
+        ([], [("register_backend", [], "before_process_group")], None),
+        # ... a call from anywhere else does not.
+        ([], [("device_count", [], None)], "hooks made no call into v_emulated before the process group"),
+        ([], [], r"before the process group: none"),
+    ],
+)
+def test_made_current_judges_the_setter_and_the_index(
+    setters: list[str], calls: list[tuple[str, list[object], str | None]], failure: str | None
+) -> None:
+    check = _suite("realnpu").test_vendor_device_made_current_before_process_group
+    if failure is None:
+        check(_report(setters, *calls))
+    else:
+        with pytest.raises(AssertionError, match=failure):
+            check(_report(setters, *calls))
 
 
 def test_hollow_rng_failure_names_load_state_once_seeding_works(runs: dict[str, KitRun]) -> None:
@@ -114,7 +175,14 @@ def test_stand_in_base_records_calls_and_restores_generators() -> None:
     exec("def set_device(i):\n    return i * 2\n", module.__dict__)
     record = record_calls(module)
     assert module.set_device(3) == 6 and record.names() == ["set_device"] and record.calls[0].args == (3,)
+    with record.within("before_process_group"):
+        module.set_device(1)
+    assert [c.hook for c in record.calls] == [None, "before_process_group"] and record.hooks == []
     assert record_calls(module) is record  # idempotent: never wrapped twice
+    assert current_device_setters(module) == ("set_device",)
+    module.CURRENT_DEVICE_SETTERS = ()
+    assert current_device_setters(module) == ()
+    assert current_device_setters(types.ModuleType("no_setter")) == ()
     gens = DeviceGenerators(2)
     gens.manual_seed(5)
     state = gens.get_rng_state()

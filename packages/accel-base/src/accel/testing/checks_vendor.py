@@ -2,8 +2,10 @@
 
 The worker instruments the adapter's emulated vendor module (`instrument_vendor`, before
 the first Accelerator starts the process group), so every call the adapter makes into it
-is recorded. The `vendor` check then reports what a real device needs from the adapter:
-that a vendor call made the device current before the process group started, that the
+is recorded, tagged with the adapter hook (`set_device`, `before_process_group`) it was made
+from. The `vendor` check then reports what a real device needs from the adapter: that the
+stand-in's current-device setter (`emulated.current_device_setters`) was called with the local
+rank before the process group started, that the
 device generators (`generator(index)` of the stand-in) are seeded by `set_seed`, consumed by
 training and restored exactly by `load_state`, which hooks reached the vendor module, and
 which grad scaler fp16 used. The suite judges it (`AdapterConformanceSuite.test_vendor_*`).
@@ -11,6 +13,7 @@ which grad scaler fp16 used. The suite judges it (`AdapterConformanceSuite.test_
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import os
@@ -24,14 +27,17 @@ from ..accelerator import Accelerator
 from ..registry import get_adapter_class
 from ..utils import set_seed
 from .checks import _rank_world, check
-from .emulated import CallRecord, record_calls
+from .emulated import CallRecord, current_device_setters, record_calls
 
 _RECORD: CallRecord | None = None
+_SETTERS: tuple[str, ...] = ()
+DEVICE_HOOKS = ("set_device", "before_process_group")
+"""The adapter hooks that run before the process group, whose vendor calls are tagged with their name."""
 
 
 def instrument_vendor() -> None:
     """Record calls into the launched adapter's emulated vendor module (no-op when not emulated)."""
-    global _RECORD
+    global _RECORD, _SETTERS
     name = os.environ.get("ACCEL_ADAPTER")
     if os.environ.get("ACCEL_EMULATE") != "1" or not name:
         return
@@ -40,7 +46,23 @@ def instrument_vendor() -> None:
     except Exception:
         return
     if cls.emulated_vendor_module:
-        _RECORD = record_calls(importlib.import_module(cls.emulated_vendor_module))
+        module = importlib.import_module(cls.emulated_vendor_module)
+        _RECORD = record_calls(module)
+        _SETTERS = current_device_setters(module)
+        for hook in DEVICE_HOOKS:
+            _tag(cls, hook, _RECORD)
+
+
+def _tag(cls: type, hook: str, record: CallRecord) -> None:
+    """Wrap the adapter's `hook` (in place, in this worker) so the vendor calls it makes carry its name."""
+    original = getattr(cls, hook)
+
+    @functools.wraps(original)
+    def tagged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with record.within(hook):
+            return original(self, *args, **kwargs)
+
+    setattr(cls, hook, tagged)
 
 
 class _DeviceDropout(torch.nn.Module):
@@ -149,8 +171,11 @@ def vendor(out: Path, __: str) -> dict[str, Any]:
     if _RECORD is None:
         return result
     result["before_process_group"] = [
-        {"name": c.name, "args": [_describe(a) for a in c.args]} for c in _RECORD.calls if not c.process_group_started
+        {"name": c.name, "args": [_describe(a) for a in c.args], "hook": c.hook}
+        for c in _RECORD.calls
+        if not c.process_group_started
     ]
+    result["device_setters"] = list(_SETTERS)
     gen = _generator(adapter.vendor, acc.local_process_index)
     result["has_generator"] = gen is not None
     if gen is not None:

@@ -20,14 +20,23 @@ pieces save writing the parts every stand-in needs::
 The conformance kit records every call into the stand-in by itself (`record_calls`), and draws
 from `generator(index)` in its training, so a stand-in that exposes `generator` gets its device
 RNG checked: seeded by `set_seed`, saved by `save_state`, restored exactly by `load_state`.
+
+It also checks that the adapter makes the device current before the process group starts:
+the stand-in's current-device setters (`CURRENT_DEVICE_SETTERS`, by default `("set_device",)`
+when the stand-in has a `set_device`) must be called before `init_process_group`, with the
+local rank's index when they take one. A device that is one per process and has no setter
+(its runtime binds the process to its device) leaves `set_device` out and sets
+`CURRENT_DEVICE_SETTERS = ()`: then some call into the stand-in made by the adapter's
+`set_device` or `before_process_group` hook (registering the backend, say) must stand for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -93,6 +102,8 @@ class VendorCall:
     args: tuple[Any, ...]
     process_group_started: bool
     """Whether `torch.distributed` was initialised when the call was made."""
+    hook: str | None = None
+    """The adapter hook (`within`) that was running when the call was made, if any."""
 
 
 @dataclass
@@ -101,6 +112,17 @@ class CallRecord:
 
     module: str
     calls: list[VendorCall] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)
+    """The adapter hooks running now, innermost last (see `within`)."""
+
+    @contextlib.contextmanager
+    def within(self, hook: str) -> Iterator[None]:
+        """Tag the calls made inside the block with `hook` (the kit wraps the adapter's device hooks)."""
+        self.hooks.append(hook)
+        try:
+            yield
+        finally:
+            self.hooks.pop()
 
     def names(self) -> list[str]:
         return [c.name for c in self.calls]
@@ -123,7 +145,7 @@ def record_calls(module: ModuleType) -> CallRecord:
         @functools.wraps(function)
         def recorded(*args: Any, **kwargs: Any) -> Any:
             started = torch.distributed.is_available() and torch.distributed.is_initialized()
-            record.calls.append(VendorCall(name, args, started))
+            record.calls.append(VendorCall(name, args, started, record.hooks[-1] if record.hooks else None))
             return function(*args, **kwargs)
 
         return recorded
@@ -134,3 +156,12 @@ def record_calls(module: ModuleType) -> CallRecord:
         setattr(module, name, wrap(name, value))
     module.__accel_call_record__ = record  # type: ignore[attr-defined]
     return record
+
+
+def current_device_setters(module: ModuleType) -> tuple[str, ...]:
+    """The stand-in's functions that make a device current: its `CURRENT_DEVICE_SETTERS`, else
+    `("set_device",)` when it has a `set_device`, else none."""
+    declared = getattr(module, "CURRENT_DEVICE_SETTERS", None)
+    if declared is not None:
+        return tuple(declared)
+    return ("set_device",) if callable(getattr(module, "set_device", None)) else ()

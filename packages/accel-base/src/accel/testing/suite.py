@@ -393,23 +393,37 @@ class AdapterConformanceSuite:
 
     def test_vendor_device_made_current_before_process_group(self, kit: KitRun) -> None:
         for r in self._vendor(kit):
-            calls = r["before_process_group"]
-            assert calls, (
-                f"rank {r['local_rank']}: no call into {r['emulated_vendor_module']} was made before the process "
-                "group started: the adapter's set_device (or before_process_group) must make the device current "
-                "(and register the backend) through its vendor module"
-            )
-            indices = [
-                a if isinstance(a, int) else a["index"]
-                for c in calls
-                for a in c["args"]
-                if (isinstance(a, int) and not isinstance(a, bool))
-                or (isinstance(a, dict) and a.get("index") is not None)
-            ]
+            rank, module, calls = r["local_rank"], r["emulated_vendor_module"], r["before_process_group"]
+            setters = r["device_setters"]
+            if setters:
+                made = [c for c in calls if c["name"] in setters]
+                names = " or ".join(f"{module}.{s}" for s in setters)
+                assert made, (
+                    f"rank {rank}: {names} was never called before the process group started: the adapter's "
+                    f"set_device hook must make device {rank} (the local rank's) current through its vendor module "
+                    f"(e.g. self.vendor.set_device({rank})), before init_process_group. Calls into {module} before "
+                    f"the process group: {[c['name'] for c in calls] or 'none'}"
+                )
+                indices = _indices(made)
+                if "set_device" in {c["name"] for c in made}:
+                    assert indices, (
+                        f"rank {rank}: {module}.set_device was called without a device index ({made}): "
+                        f"pass the local rank's device ({rank})"
+                    )
+            else:
+                made = [c for c in calls if c["hook"] is not None]
+                assert made, (
+                    f"rank {rank}: the adapter's set_device and before_process_group hooks made no call into "
+                    f"{module} before the process group started, and {module} declares no current-device setter "
+                    "(no set_device, CURRENT_DEVICE_SETTERS empty): set_device (or before_process_group) must make "
+                    f"the device current (and register the backend) through the vendor module. Calls into {module} "
+                    f"before the process group: {[c['name'] for c in calls] or 'none'}"
+                )
+                indices = _indices(made)
             if indices:
-                assert r["local_rank"] in indices, (
-                    f"rank {r['local_rank']}: the device was made current with index {indices}, not the local rank "
-                    f"(calls before the process group: {calls})"
+                assert rank in indices, (
+                    f"rank {rank}: the device was made current with index {indices}, not the local rank "
+                    f"(calls before the process group: {made})"
                 )
 
     def test_vendor_device_rng_is_seeded_consumed_and_restored(self, kit: KitRun) -> None:
@@ -462,6 +476,16 @@ class AdapterConformanceSuite:
             assert scaler["used"] == scaler["adapter"], (
                 f"fp16 used {scaler['used']}, not the adapter's make_grad_scaler ({scaler['adapter']})"
             )
+
+
+def _indices(calls: list[dict[str, Any]]) -> list[int]:
+    """The device indices the recorded calls passed (ints, or devices with an index)."""
+    return [
+        a if isinstance(a, int) else a["index"]
+        for c in calls
+        for a in c["args"]
+        if (isinstance(a, int) and not isinstance(a, bool)) or (isinstance(a, dict) and a.get("index") is not None)
+    ]
 
 
 def _split_sizes(n: int, world: int) -> list[int]:
