@@ -271,3 +271,29 @@ def test_a_loaders_own_multiprocessing_context_is_kept():
     ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=16)
     GaudiAdapter(emulate=True).before_prepare([loader], ctx)
     assert loader.multiprocessing_context is forked
+
+
+@pytest.mark.parametrize(
+    ("lazy_mode", "offload", "kept"),
+    [("1", "cpu", None), ("0", "cpu", True), ("0", None, False), ("1", None, False)],
+)
+def test_deepspeed_optimizer_offload_keeps_the_torch_optimizer_and_refuses_lazy_mode(
+    monkeypatch, lazy_mode, offload, kept
+):
+    # Accelerate on HPU: offload + a torch optimizer is refused in lazy mode; in eager mode the
+    # strategy maps the torch AdamW (kept as AdamW for that) onto DeepSpeed's CPU Adam.
+    from accel.prepare import PrepareContext
+    from accel.strategies.deepspeed import DeepSpeedPlugin, DeepSpeedStrategy
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
+    strategy = DeepSpeedStrategy(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device=offload))
+    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=strategy)
+    opt = torch.optim.AdamW(nn.Linear(2, 2).parameters(), lr=0.01)
+    adapter = GaudiAdapter(emulate=True)
+    if kept is None:
+        with pytest.raises(ValueError, match=r"^You can't use an Offload Optimizer with HPU in Lazy Mode\. Please set"):
+            adapter.prepare_optimizer(opt, ctx)
+        return
+    prepared = adapter.prepare_optimizer(opt, ctx)
+    assert (prepared is opt) is kept
+    assert kept or type(prepared) is hpu_emulated.EmulatedFusedAdamW

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,156 @@ def test_engine_checkpoints_are_checked_before_deepspeed_unpickles_them(tmp_path
     (tag / "b.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
         verify_engine_checkpoint(tag)
+
+
+@pytest.mark.parametrize(
+    ("user", "plugin", "expected"),
+    [
+        ({}, {}, False),
+        ({}, {"offload_optimizer_device": "cpu"}, True),
+        ({}, {"offload_optimizer_device": "none"}, False),
+        ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}, {}, True),
+        ({"zero_optimization": {"offload_optimizer": {"device": "auto"}}}, {}, False),
+        ({"zero_optimization": {"offload_param": {"device": "cpu"}}}, {}, False),
+        ({"zero_force_ds_cpu_optimizer": False}, {"offload_optimizer_device": "cpu"}, False),
+        ({}, {"offload_optimizer_device": "cpu", "extra_config": {"zero_force_ds_cpu_optimizer": False}}, False),
+    ],
+)
+def test_a_torch_optimizer_is_mapped_when_offloaded_unless_the_config_says_not(user, plugin, expected):
+    # Accelerate: offload_optimizer.device != "none" and zero_force_ds_cpu_optimizer (default true).
+    assert DeepSpeedPlugin(hf_ds_config=user, **plugin).maps_client_optimizer is expected
+
+
+class _FakeCPUOptimizer(torch.optim.Optimizer):
+    """Records how the mapping built DeepSpeed's CPU optimizer (the real ones compile an op)."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, adamw_mode=None, **kwargs):
+        self.kwargs = {"lr": lr, "weight_decay": weight_decay, "adamw_mode": adamw_mode, **kwargs}
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "betas": (0.9, 0.999), "eps": 1e-8})
+
+
+class FakeCPUAdam(_FakeCPUOptimizer):
+    pass
+
+
+class FakeCPUAdagrad(_FakeCPUOptimizer):
+    pass
+
+
+@pytest.fixture
+def fake_cpu_optimizers(monkeypatch):
+    import types
+
+    for module, name, cls in (
+        ("deepspeed.ops.adam", "DeepSpeedCPUAdam", FakeCPUAdam),
+        ("deepspeed.ops.adagrad", "DeepSpeedCPUAdagrad", FakeCPUAdagrad),
+    ):
+        monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{name: cls}))
+
+
+@pytest.mark.parametrize(
+    ("make", "cls", "adamw_mode", "warns"),
+    [
+        (lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1, betas=(0.8, 0.9)), FakeCPUAdam, True, False),
+        (lambda ps: torch.optim.Adam(ps, lr=0.02, weight_decay=0.1, betas=(0.8, 0.9)), FakeCPUAdam, False, False),
+        (lambda ps: torch.optim.SGD(ps, lr=0.02, weight_decay=0.1), FakeCPUAdam, False, True),
+        (lambda ps: torch.optim.Adagrad(ps, lr=0.02, weight_decay=0.1), FakeCPUAdagrad, None, False),
+    ],
+)
+def test_the_mapping_picks_accelerates_cpu_optimizer_and_keeps_the_groups(
+    fake_cpu_optimizers, caplog, make, cls, adamw_mode, warns
+):
+    from accel.strategies.deepspeed import map_pytorch_optim_to_deepspeed
+
+    model = torch.nn.Linear(3, 2)
+    client = make([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.5}])
+    with caplog.at_level("WARNING", logger="accel"):
+        mapped = map_pytorch_optim_to_deepspeed(client)
+    assert type(mapped) is cls
+    expected = {"lr": 0.02, "weight_decay": 0.1}
+    if cls is FakeCPUAdam:
+        expected["adamw_mode"] = adamw_mode
+    assert {k: v for k, v in mapped.kwargs.items() if v is not None} == expected
+    # The same group dicts: per-group values (and a scheduler on the client optimizer) carry over.
+    assert [g["lr"] for g in mapped.param_groups] == [0.02, 0.5]
+    assert mapped.param_groups[0]["params"] == [model.weight]
+    if isinstance(client, (torch.optim.Adam, torch.optim.AdamW)):
+        assert mapped.param_groups[0]["betas"] == (0.8, 0.9)
+    warned = [r.getMessage() for r in caplog.records if "DeepSpeedCPUAdam" in r.getMessage()]
+    assert bool(warned) is warns, warned
+    if warns:
+        assert "SGD" in warned[0] and "zero_force_ds_cpu_optimizer" in warned[0]
+
+
+SCHEDULER = {
+    "type": "WarmupDecayLR",
+    "params": dict.fromkeys(("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps"), "auto"),
+}
+
+
+@pytest.mark.parametrize(
+    ("num_processes", "split_batches", "total", "expected_total"),
+    [(1, False, 10, 10), (2, False, 10, 5), (3, False, 10, 4), (4, False, 7, 2), (3, True, 10, 10)],
+)
+def test_scheduler_auto_values_are_filled_as_accelerate_fills_them(num_processes, split_batches, total, expected_total):
+    # Accelerate: warmup_min_lr 0, warmup_max_lr the optimizer's lr, warmup_num_steps at least 1, and
+    # total_num_steps divided (rounding up) by the processes unless batches are split.
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    user = {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "scheduler": SCHEDULER}
+    dummy = DummyOptim(params, lr=0.03)
+    sched = DummyScheduler(dummy, total_num_steps=total, warmup_num_steps=0)
+    config = resolve_config(
+        DeepSpeedPlugin(hf_ds_config=user),
+        values(
+            has_client_optimizer=False,
+            dummy_optimizer=dummy,
+            dummy_scheduler=sched,
+            num_processes=num_processes,
+            split_batches=split_batches,
+        ),
+    )
+    assert config["scheduler"]["params"] == {
+        "warmup_min_lr": 0,
+        "warmup_max_lr": 0.03,
+        "warmup_num_steps": 1,
+        "total_num_steps": expected_total,
+    }
+    assert SCHEDULER["params"]["total_num_steps"] == "auto", "the user's config must not be modified"
+
+
+def test_scheduler_values_the_user_set_are_kept_and_a_torch_optimizer_gives_the_peak_lr():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    user = {
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": "auto", "warmup_num_steps": 3, "total_num_steps": 8},
+        }
+    }
+    client = torch.optim.SGD(params, lr=0.2)
+    config = resolve_config(
+        DeepSpeedPlugin(hf_ds_config=user), values(dummy_scheduler=DummyScheduler(client, total_num_steps=100))
+    )
+    assert config["scheduler"]["params"] == {
+        "warmup_min_lr": 1e-5,
+        "warmup_max_lr": 0.2,
+        "warmup_num_steps": 3,
+        "total_num_steps": 8,
+    }
+    # Without total_num_steps on the DummyScheduler, an "auto" total is named, not guessed.
+    with pytest.raises(DeepSpeedConfigError, match=r"\['scheduler.params.total_num_steps'\] are \"auto\""):
+        resolve_config(
+            DeepSpeedPlugin(hf_ds_config={"scheduler": SCHEDULER}),
+            values(dummy_scheduler=DummyScheduler(client, warmup_num_steps=2)),
+        )
+
+
+def test_a_dummy_optimizer_with_a_torch_scheduler_is_refused_as_accelerate_does():
+    from accel.strategies.deepspeed import _scheduler_argument
+
+    dummy = DummyOptim([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    torch_sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]), 1)
+    with pytest.raises(
+        DeepSpeedConfigError, match=r"^You can only specify `DummyScheduler` in the code when using `DummyOptim`\.$"
+    ):
+        _scheduler_argument({"optimizer": {}}, torch_sched, None, dummy)
+    assert _scheduler_argument({}, torch_sched, None, None) is torch_sched

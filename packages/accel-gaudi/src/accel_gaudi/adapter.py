@@ -28,7 +28,8 @@ SPAWN_WORKERS_ABOVE = 8
 """World sizes above this get `spawn` data-loader workers (Gaudi's `WORLD_SIZE > 8` rule)."""
 
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
-"""The `gradient_clipping` Gaudi users get from DeepSpeed when they set none."""
+"""The `gradient_clipping` Gaudi users get under DeepSpeed when they set none (filled by Gaudi's
+Accelerator, as by Accelerate; DeepSpeed's own default is 0, no clipping)."""
 
 
 class GaudiAdapter(Adapter):
@@ -231,8 +232,8 @@ class GaudiAdapter(Adapter):
         """fast_ddp: reduce in the vendor module's `ALLREDUCE_DTYPE` (bf16 on HPU).
 
         DeepSpeed: sets `DEEPSPEED_USE_HPU=true` (unless set) for Habana's DeepSpeed fork; clips the
-        global gradient norm at 1.0 unless the user sets `gradient_clipping`
-        (Gaudi's own Accelerator fills the value so, and DeepSpeed alone clips at 1.0 too); the
+        global gradient norm at 1.0 unless the user sets `gradient_clipping` (Gaudi's own
+        Accelerator fills 1.0, as Accelerate does; DeepSpeed's own default is 0, no clipping); the
         config, `DeepSpeedPlugin(gradient_clipping=...)` and the Accelerator all take precedence."""
         if strategy_name == "deepspeed":
             # Read by Habana's DeepSpeed fork when it initialises (after this, before `deepspeed.initialize`).
@@ -247,7 +248,23 @@ class GaudiAdapter(Adapter):
         """A plain `torch.optim.AdamW` becomes Habana's `FusedAdamW` (same update, one fused
         kernel) when the vendor module has it and `fused_optimizers` is on; the replacement
         takes over the param groups (hyper-parameters included) and any state. AdamW with
-        `amsgrad`, `maximize`, `capturable` or `differentiable` is kept (the fused one lacks them)."""
+        `amsgrad`, `maximize`, `capturable` or `differentiable` is kept (the fused one lacks them).
+
+        Under DeepSpeed with optimizer offload, where the strategy replaces a torch optimizer by
+        DeepSpeed's CPU optimizer (`DeepSpeedPlugin.maps_client_optimizer`), the optimizer is kept
+        as it is for that mapping, and lazy mode is refused as Accelerate refuses it on HPU.
+
+        Raises:
+            ValueError: optimizer offload with a torch optimizer in lazy mode (`PT_HPU_LAZY_MODE=1`).
+        """
+        plugin = getattr(ctx.strategy, "plugin", None) if ctx.strategy.name == "deepspeed" else None
+        if plugin is not None and getattr(plugin, "maps_client_optimizer", False):
+            if self.lazy:
+                raise ValueError(
+                    "You can't use an Offload Optimizer with HPU in Lazy Mode. "
+                    "Please set the environment variable `PT_HPU_LAZY_MODE` to `0`."
+                )
+            return optimizer
         fused_adamw, _ = self.vendor.fused_optimizers()
         if fused_adamw is None or not self.config.fused_optimizers or type(optimizer) is not torch.optim.AdamW:
             return optimizer

@@ -47,7 +47,8 @@ class GaudiOptions(AdapterOptions):
         False,
         env="ACCEL_GAUDI_FORCE_AUTOCAST",
         flag="--force-autocast",
-        help="gaudi: run the forward under bf16 autocast whatever --mixed-precision says",
+        help="gaudi: run the forward under bf16 autocast when --mixed-precision is bf16 (Gaudi's rule; "
+        "with --autocast-policy always, whatever --mixed-precision says)",
     )
     """Wrap the model's forward in bf16 autocast. Under the default `autocast_policy`
     ("native_amp", Gaudi's own rule) only with `mixed_precision="bf16"`: without this flag a

@@ -31,6 +31,7 @@ from .deepspeed_config import (
     DummyOptim,
     DummyScheduler,
     model_hidden_size,
+    offloads_to_cpu_optimizer,
     resolve_config,
 )
 
@@ -40,7 +41,14 @@ if TYPE_CHECKING:
     from ..prepare_group import PrepareGroup
     from ..prepared import Prepared, RunContext
 
-__all__ = ["DeepSpeedConfigError", "DeepSpeedPlugin", "DeepSpeedStrategy", "DummyOptim", "DummyScheduler"]
+__all__ = [
+    "DeepSpeedConfigError",
+    "DeepSpeedPlugin",
+    "DeepSpeedStrategy",
+    "DummyOptim",
+    "DummyScheduler",
+    "map_pytorch_optim_to_deepspeed",
+]
 
 MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple models when using DeepSpeed"
 DEVICE_PLACEMENT = "You can't customize device placements with DeepSpeed or Megatron-LM."
@@ -76,6 +84,53 @@ def import_deepspeed(device_type: str) -> Any:
             f"Set DS_ACCELERATOR={device_type} (or leave it unset) before DeepSpeed is imported."
         )
     return deepspeed
+
+
+def _is_32bit_bnb(optimizer: Any, names: tuple[str, ...]) -> bool:
+    """A bitsandbytes optimizer of one of the class `names` running 32-bit states (Accelerate maps those too)."""
+    cls = type(optimizer)
+    if not cls.__module__.startswith("bitsandbytes") or cls.__name__ not in names:
+        return False
+    bits = getattr(optimizer, "optim_bits", None)
+    if bits is None:
+        bits = getattr(getattr(optimizer, "args", None), "optim_bits", None)
+    return bits == 32
+
+
+def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU optimizer in place of a torch one, for optimizer offload (Accelerate's rule).
+
+    Built over the same parameter groups (so per-group `lr`, `betas`, `eps`, `weight_decay`
+    carry over), with the optimizer's default `lr` and `weight_decay`:
+
+    - `torch.optim.Adagrad` (or a 32-bit bitsandbytes Adagrad) becomes `DeepSpeedCPUAdagrad`;
+    - a 32-bit bitsandbytes Lion becomes `DeepSpeedCPULion`;
+    - every other optimizer becomes `DeepSpeedCPUAdam`, with decoupled weight decay
+      (`adamw_mode=True`) for `torch.optim.AdamW` (or a 32-bit bitsandbytes AdamW) and L2
+      weight decay (`adamw_mode=False`) otherwise. As in Accelerate, that includes SGD and
+      other non-Adam optimizers: the update rule changes (a warning says so).
+    """
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
+    if isinstance(optimizer, torch.optim.Adagrad) or _is_32bit_bnb(optimizer, ("Adagrad", "Adagrad32bit")):
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        # Accelerate 1.15 also passes `adamw_mode` here, which DeepSpeedCPUAdagrad (0.19) does not accept.
+        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
+    if _is_32bit_bnb(optimizer, ("Lion", "Lion32bit")):
+        from deepspeed.ops.lion import DeepSpeedCPULion
+
+        return DeepSpeedCPULion(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    adamw = isinstance(optimizer, torch.optim.AdamW) or _is_32bit_bnb(optimizer, ("AdamW", "AdamW32bit"))
+    if not adamw and not isinstance(optimizer, torch.optim.Adam):
+        logging.getLogger("accel").warning(
+            "Optimizer offload under DeepSpeed replaces %s with DeepSpeedCPUAdam (Adam with L2 weight decay), as "
+            "Accelerate does: the update rule changes. Set the DeepSpeed config's `zero_force_ds_cpu_optimizer` "
+            "to false to keep your optimizer.",
+            type(optimizer).__name__,
+        )
+    return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=adamw, **defaults)  # type: ignore[no-any-return]
 
 
 class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
@@ -213,14 +268,22 @@ class DeepSpeedStrategy(Strategy):
             ),
             adapter_defaults=ctx.adapter_defaults,
         )
-        scheduler_arg = _scheduler_argument(config, client_sched, dummy_sched)
+        scheduler_arg = _scheduler_argument(config, client_sched, dummy_sched, dummy_opt)
         # `accumulate` must reach a boundary exactly when the engine does (`accumulation_steps`).
         self._accumulation_steps = int(config["gradient_accumulation_steps"])
 
         deepspeed = self._init_distributed(ctx.adapter.backend)
+        engine_input = client_opt
+        if client_opt is not None and dummy_opt is None and offloads_to_cpu_optimizer(config):
+            # ZeRO-Offload steps on the host with DeepSpeed's CPU optimizer (Accelerate's mapping).
+            engine_input = map_pytorch_optim_to_deepspeed(client_opt)
+            if type(engine_input).__name__ == "DeepSpeedCPUAdagrad":
+                # DeepSpeed's client-optimizer check knows only its CPU Adam and Lion, though it builds
+                # CPU Adagrad itself for a config's Adagrad under offload: accept the mapped one.
+                config["zero_force_ds_cpu_optimizer"] = False
         engine, engine_opt, _, engine_sched = deepspeed.initialize(
             model=model,
-            optimizer=None if dummy_opt is not None else client_opt,
+            optimizer=None if dummy_opt is not None else engine_input,
             model_parameters=[{"params": g["params"]} for g in dummy_opt.param_groups] if dummy_opt else None,
             lr_scheduler=scheduler_arg,
             config=config,
@@ -386,7 +449,12 @@ def _micro_batch_size(prepared: Prepared, num_processes: int) -> int | None:
     return None
 
 
-def _scheduler_argument(config: dict[str, Any], client: Any, dummy: DummyScheduler | None) -> Any:
+def _scheduler_argument(
+    config: dict[str, Any], client: Any, dummy: DummyScheduler | None, dummy_opt: DummyOptim | None = None
+) -> Any:
+    if dummy_opt is not None and client is not None and dummy is None:
+        # Accelerate's rule and text: a torch scheduler cannot drive the optimizer DeepSpeed builds.
+        raise DeepSpeedConfigError("You can only specify `DummyScheduler` in the code when using `DummyOptim`.")
     if client is not None and dummy is None and "scheduler" in config:
         raise DeepSpeedConfigError(
             "You cannot specify a scheduler in the config file and in the code at the same time. "

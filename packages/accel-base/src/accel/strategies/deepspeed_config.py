@@ -46,8 +46,9 @@ class DeepSpeedPlugin:
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step. Default: the Accelerator's `gradient_accumulation_steps`."""
     gradient_clipping: float | None = None
-    """Clip the global gradient norm to this inside the engine's step. Default: no clipping
-    (DeepSpeed's own default silently clips at 1.0; accel turns that off unless asked)."""
+    """Clip the global gradient norm to this inside the engine's step (0 turns clipping off).
+    Default: the adapter's default, else 1.0, the value Accelerate fills when nobody sets it
+    (DeepSpeed's own default is 0, no clipping)."""
     offload_optimizer_device: str | None = None
     """"cpu" or "nvme": keep optimizer state (and run the step) off the accelerator. Saves device
     memory; costs host transfers every step. ZeRO stage >= 1."""
@@ -80,12 +81,35 @@ class DeepSpeedPlugin:
         self.user_config = load_config(self.hf_ds_config)
 
     @property
+    def maps_client_optimizer(self) -> bool:
+        """Whether a torch optimizer passed to `prepare` is replaced by DeepSpeed's CPU optimizer.
+
+        True when the optimizer is offloaded (`offload_optimizer_device`, or the config's
+        `zero_optimization.offload_optimizer.device`, is not "none") and the config's
+        `zero_force_ds_cpu_optimizer` is not false: Accelerate's rule (see
+        `accel.strategies.deepspeed.map_pytorch_optim_to_deepspeed`).
+        """
+        config = copy.deepcopy(self.user_config)
+        config.update(copy.deepcopy(self.extra_config))
+        if self.offload_optimizer_device is not None:
+            zero = config.setdefault("zero_optimization", {})
+            zero.setdefault("offload_optimizer", {})["device"] = self.offload_optimizer_device
+        return offloads_to_cpu_optimizer(config)
+
+    @property
     def zero_stage_resolved(self) -> int:
         """The ZeRO stage the engine will use (plugin, else config, else 2)."""
         config_stage = self.user_config.get("zero_optimization", {}).get("stage", AUTO)
         if self.zero_stage is not None:
             return self.zero_stage
         return DEFAULT_ZERO_STAGE if config_stage == AUTO else int(config_stage)
+
+
+def offloads_to_cpu_optimizer(config: dict[str, Any]) -> bool:
+    """Accelerate's test on a config: the optimizer is offloaded and `zero_force_ds_cpu_optimizer`
+    is not false, so a torch optimizer must become DeepSpeed's CPU optimizer."""
+    device = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    return device not in (None, "none", AUTO) and bool(config.get("zero_force_ds_cpu_optimizer", True))
 
 
 def load_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any]:
@@ -352,11 +376,15 @@ def _resolve_optimizer(config: dict[str, Any], values: AcceleratorValues) -> Non
         if total is not None and not values.split_batches:
             # Each process steps the schedule once per its own batches (Accelerate's rule).
             total = math.ceil(total / values.num_processes)
+        # The peak lr is the scheduler's optimizer's (a DummyOptim or a torch optimizer), as in Accelerate.
+        defaults = getattr(sched.optimizer, "defaults", None)
+        max_lr = getattr(sched.optimizer, "lr", None) if defaults is None else defaults.get("lr")
         fill: dict[str, Any] = {
             "warmup_min_lr": 0,
+            # DeepSpeed >= 0.19.6 refuses 0 warmup steps (DummyScheduler's default).
             "warmup_num_steps": max(1, sched.warmup_num_steps),
             "total_num_steps": total,
-            "warmup_max_lr": dummy.lr if dummy is not None else None,
+            "warmup_max_lr": max_lr,
         }
         for key, value in fill.items():
             if params.get(key) == AUTO and value is not None:
