@@ -113,7 +113,7 @@ def test_fsdp_flags_become_the_fsdp2_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--use_fsdp", "--fsdp_version", "1"), "--fsdp_version: accel implements FSDP2 only"),
+        (("--use_fsdp", "--fsdp_version", "3"), "--fsdp_version: expected 1 or 2, got '3'"),
         (("--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"), "use the ddp strategy instead"),
         (("--use_fsdp", "--fsdp_forward_prefetch", "true"), "--fsdp_forward_prefetch"),
         (("--fsdp_offload_params", "true"), "add --use_fsdp"),
@@ -123,6 +123,74 @@ def test_fsdp_flags_become_the_fsdp2_config(tmp_path: Path) -> None:
 def test_fsdp_settings_accel_cannot_honour_are_refused(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         _env_for(tmp_path, *flags)
+
+
+def test_fsdp_version_1_runs_fsdp2_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As `FSDP_VERSION=1` from `accelerate launch` and `fsdp_version: 1` in a config file do."""
+    env = _env_for(tmp_path, "--use_fsdp", "--fsdp_version", "1", "--fsdp_offload_params", "true")
+    assert env["ACCEL_STRATEGY"] == "fsdp2"
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {"cpu_offload": True}
+    err = capsys.readouterr().err
+    assert "--fsdp_version 1: accel implements FSDP2 only and runs it instead" in err
+
+
+def test_prefixes_of_flags_are_not_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--fp8` (one adapter's flag) is unknown without that adapter, not an ambiguous prefix of the
+    `--fp8_*` flags; `--use_deep` never silently means `--use_deepspeed`."""
+    for flag in ("--fp8", "--use_deep", "--num_proc"):
+        argv = ["--cpu", flag, "train.py"]
+        with pytest.raises(SystemExit) as exc:
+            _launch_parser(argv).parse_args(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2
+        assert f"unrecognized arguments: {flag}. Flags for one vendor's hardware" in err, err
+        assert "ambiguous" not in err and "no installed adapter (cpu" in err
+
+
+class _StandIn:
+    """An installed adapter that declares one of Accelerate's hardware flags."""
+
+    @classmethod
+    def add_launch_arguments(cls, group) -> None:
+        group.add_argument("--tpu", action="store_true", dest="standin_tpu")
+
+    @classmethod
+    def launch_env(cls, args) -> dict[str, str]:
+        return {}
+
+
+def test_a_hardware_flag_declared_by_an_installed_adapter_names_it(monkeypatch, capsys, tmp_path: Path) -> None:
+    from accel import registry
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    # Not installed anywhere: the message lists the installed adapters and does not claim one is missing.
+    argv = ["--cpu", "--tpu", str(script)]
+    with pytest.raises(SystemExit):
+        _launch_parser(argv).parse_args(argv)
+    assert "no installed adapter (cpu" in capsys.readouterr().err
+    installed = {**registry.installed_adapters(), "standin": _StandIn}
+    monkeypatch.setattr(registry, "installed_adapters", lambda: installed)
+    parser = _launch_parser(argv)
+    with pytest.raises(
+        UsageError, match=r"--tpu: a flag of the 'standin' adapter, but 'cpu' is selected: add --adapter"
+    ):
+        resolve(parser.parse_args(argv), parser)
+
+
+@pytest.mark.parametrize(
+    ("flag", "reason"),
+    [
+        (("--downcast_bf16",), "--mixed_precision bf16 autocasts instead"),
+        (("--main_training_function", "main"), "runs the script as __main__ on every process"),
+        (("--vm", "v1"), "pod launcher is not supported"),
+    ],
+)
+def test_pod_and_downcast_flags_say_why(flag: tuple[str, ...], reason: str, capsys) -> None:
+    argv = [*flag, "train.py"]
+    with pytest.raises(SystemExit):
+        _launch_parser(argv).parse_args(argv)
+    assert reason in capsys.readouterr().err
 
 
 def test_dynamo_flags(tmp_path: Path) -> None:

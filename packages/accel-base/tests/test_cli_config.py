@@ -177,17 +177,90 @@ def test_accelerate_files_map_key_by_key() -> None:
     assert (gpu["dynamo_backend"], gpu["dynamo_mode"], gpu["dynamo_use_fullgraph"]) == ("inductor", "default", False)
 
 
+def test_an_fsdp1_file_runs_fsdp2_with_a_note_as_the_environment_does() -> None:
+    data, lines = read_yaml(FIXTURES / "fsdp1.yaml")
+    values, notes = accelerate_launch_defaults(data, lines)
+    assert values["strategy"] == "fsdp2"
+    assert values["strategy_kwargs"] == {
+        "auto_wrap_policy": "size_based_wrap",
+        "min_num_params": 100000,
+        "cpu_offload": True,
+        "reshard_after_forward": True,  # FULL_SHARD
+        "state_dict_type": "FULL_STATE_DICT",
+    }
+    assert any(n.startswith("fsdp_config.fsdp_version 1: accel implements FSDP2 only and runs it") for n in notes)
+    data["fsdp_config"]["fsdp_version"] = 3
+    with pytest.raises(ConfigError, match=r"fsdp1.yaml:16: fsdp_config.fsdp_version: expected 1 or 2, got 3"):
+        accelerate_launch_defaults(data, lines)
+
+
+def test_the_tpu_file_loads_and_its_pod_keys_are_named_once() -> None:
+    """Without an adapter for distributed_type XLA installed, its hardware keys are ignored with one note."""
+    data, lines = read_yaml(FIXTURES / "xla.yaml")
+    values, notes = accelerate_launch_defaults(data, lines)
+    assert values["required_hardware"] == "XLA" and values["num_processes"] == 8
+    ignored = [n for n in notes if "ignored" in n]
+    assert len(ignored) == 1 and ignored[0].startswith("tpu_use_sudo: ignored (no adapter for distributed_type XLA")
+    data.update(tpu_name="pod-1", tpu_zone="us-central2-b", commands=["pip install x"])
+    notes = accelerate_launch_defaults(data, lines)[1]
+    assert [n.split(": ignored")[0] for n in notes if "ignored" in n] == ["tpu_use_sudo, tpu_name, tpu_zone, commands"]
+    # In a file for no one vendor's hardware, an unknown key stays an error.
+    with pytest.raises(ConfigError, match=r"tpu_use_sudo: accel has no equivalent; remove the key"):
+        accelerate_launch_defaults({**data, "distributed_type": "MULTI_CPU"}, lines)
+
+
+def test_an_installed_adapter_declares_its_hardwares_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter whose data_parallel_name is the file's distributed_type says which keys are harmless
+    and which it refuses (the core names no hardware)."""
+    from accel import registry
+    from accel.adapters.cpu import CPUAdapter
+
+    class StandIn(CPUAdapter):
+        name = "standin"
+        data_parallel_name = "XLA"
+        accelerate_config_keys = {"tpu_use_sudo": None, "tpu_use_cluster": "run accel launch on each host"}
+
+    installed = {**registry.installed_adapters(), "standin": StandIn}
+    monkeypatch.setattr(registry, "installed_adapters", lambda: installed)
+    data, lines = read_yaml(FIXTURES / "xla.yaml")
+    notes = accelerate_launch_defaults(data, lines)[1]
+    assert any(n.startswith("tpu_use_sudo: ignored (the standin adapter calls them harmless)") for n in notes)
+    with pytest.raises(ConfigError, match=r"xla.yaml:\d+: tpu_use_cluster: run accel launch on each host"):
+        accelerate_launch_defaults({**data, "tpu_use_cluster": True}, lines)
+    with pytest.raises(ConfigError, match=r"tpu_zone: accel has no equivalent \(nor does the standin adapter"):
+        accelerate_launch_defaults({**data, "tpu_zone": "z"}, lines)
+
+
 @pytest.mark.parametrize(
-    ("name", "message"),
+    ("text", "message"),
     [
-        ("fsdp1.yaml", r"fsdp1.yaml:16: fsdp_config.fsdp_version: accel implements FSDP2 only"),
-        ("xla.yaml", r"xla.yaml:15: tpu_use_sudo: accel has no equivalent; remove the key"),
+        (
+            "debug: false\nadapter: nosuch\n",
+            r"c.yaml:2: adapter: no installed adapter is named 'nosuch'; installed: cpu",
+        ),
+        ("debug: false\nstrategy: foo\n", r"c.yaml:2: strategy: no accel strategy is named 'foo'; installed: ddp"),
+        (
+            "strategy: fsdp2\nstrategy_config:\n  cpu_offload: true\n  bogus_field: 1\n",
+            r"c.yaml:4: strategy_config.bogus_field: not a field of FSDPConfig \(the fsdp2 strategy's config\)",
+        ),
+        (
+            "strategy: fsdp2\nstrategy_config:\n  state_dict_type: WRONG\n",
+            r"c.yaml:3: strategy_config.state_dict_type: state_dict_type must be one of",
+        ),
     ],
 )
-def test_accelerate_keys_accel_cannot_honour_are_named_with_their_line(name: str, message: str) -> None:
-    data, lines = read_yaml(FIXTURES / name)
+def test_names_and_strategy_fields_are_checked_with_their_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
     with pytest.raises(ConfigError, match=message):
-        accelerate_launch_defaults(data, lines)
+        load_accel_config(path)
+    for command in (["config", "show", "--config-file", str(path)], ["launch", "--config_file", str(path), "t.py"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "accel.cli", *command], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "__init__()" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and f"{path}:" in proc.stderr, proc.stderr
 
 
 def test_megatron_file_maps_onto_the_plugin_or_says_what_to_install() -> None:
@@ -223,19 +296,21 @@ def test_launch_with_an_accelerate_config_file(tmp_path: Path) -> None:
     config = tmp_path / "multi_cpu.yaml"
     config.write_text((FIXTURES / "multi_cpu.yaml").read_text().replace("29511", str(port)))
     probe = tmp_path / "probe.py"
+    # Each rank writes its own file: two ranks printing to one pipe can interleave within a line.
     probe.write_text(
-        "import json, os\nfrom accel import Accelerator\nacc = Accelerator()\n"
-        "print(json.dumps([acc.process_index, acc.num_processes, acc.mixed_precision, os.environ['MASTER_PORT']]))\n"
+        "import json, os, sys\nfrom accel import Accelerator\nacc = Accelerator()\n"
+        "row = [acc.process_index, acc.num_processes, acc.mixed_precision, os.environ['MASTER_PORT']]\n"
+        "open(os.path.join(sys.argv[1], f'rank{acc.process_index}.json'), 'w').write(json.dumps(row))\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("ACCEL_ADAPTER", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "accel.cli", "launch", "--config_file", str(config), str(probe)],
+        [sys.executable, "-m", "accel.cli", "launch", "--config_file", str(config), str(probe), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = sorted(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    rows = sorted(json.loads(path.read_text()) for path in tmp_path.glob("rank*.json"))
     assert rows == [[0, 2, "bf16", str(port)], [1, 2, "bf16", str(port)]]

@@ -3,6 +3,13 @@
 Each key maps onto an `accel launch` setting, or is refused with a `ConfigError` naming the
 key, its line and what to do. Keys accel has no use for are accepted silently while they
 hold Accelerate's default value (false, "no", empty): such a key asks for nothing.
+
+A file for one vendor's hardware (`distributed_type` MULTI_GPU, XLA, ...: the `data_parallel_name`
+of an adapter) may carry Accelerate's keys for that hardware. The core names no vendor, so the
+adapter declares them (`accelerate_config_keys`, see `hardware_keys`): a key it calls harmless is
+ignored with one warning naming every such key, a key with a reason is refused with that reason.
+With no adapter for that hardware installed, its keys are ignored with the same warning (the run
+needs `--cpu` then, and they mean nothing on the CPU).
 """
 
 from __future__ import annotations
@@ -38,16 +45,36 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
 
     dtype = str(data.get("distributed_type", "NO")).upper()
     machines = data.get("num_machines", 1)
+    hardware = dtype not in ("NO", "MULTI_CPU", *STRATEGY_TYPES)
+    claimed, adapters = hardware_keys(dtype) if hardware else ({}, [])
+    ignored: list[str] = []
     for key, value in data.items():
         handler = _HANDLERS.get(key)
         try:
             if handler is not None:
                 handler(key, value, data, out, notes)
-            elif not _is_off(value):
-                raise SettingError(key, "accel has no equivalent; remove the key (or set it to its default)")
+            elif _is_off(value):
+                continue
+            elif claimed.get(key):
+                raise SettingError(key, str(claimed[key]))
+            elif key in claimed or (hardware and not adapters):
+                ignored.append(key)
+            else:
+                why = f" (nor does the {', '.join(adapters)} adapter read it)" if adapters else ""
+                raise SettingError(key, f"accel has no equivalent{why}; remove the key (or set it to its default)")
         except SettingError as exc:
             inner = f"{key}.{exc.key}"  # a key inside fsdp_config, deepspeed_config, ...
             raise fail(inner if inner in lines else key, str(exc).split(": ", 1)[1]) from None
+    if ignored:  # one note naming them all: printed once per launch
+        whose = (
+            f"the {', '.join(adapters)} adapter calls them harmless"
+            if adapters
+            else f"no adapter for distributed_type {dtype} is installed"
+        )
+        notes.append(
+            f"{', '.join(ignored)}: ignored ({whose}); they configure Accelerate's own launcher for that hardware, "
+            "and `accel launch` runs on this host (run it on each host of a multi-host job, docs/launching.md)"
+        )
     if dtype in STRATEGY_TYPES:
         out["strategy"] = STRATEGY_TYPES[dtype]
     elif dtype == "MULTI_CPU":
@@ -65,6 +92,24 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
     elif dtype == "NO":
         out["num_processes"] = 1
     return out, notes
+
+
+def hardware_keys(distributed_type: str) -> tuple[dict[str, str | None], list[str]]:
+    """Accelerate config keys the adapters for `distributed_type` declare, and those adapters' names.
+
+    An adapter whose `data_parallel_name` is `distributed_type` may set `accelerate_config_keys`, a
+    mapping of Accelerate key -> None (harmless here: warned about and ignored) or the reason the key
+    is refused. A broken plugin counts as absent (the registry reports it).
+    """
+    from .registry import installed_adapters
+
+    keys: dict[str, str | None] = {}
+    names: list[str] = []
+    for name, cls in sorted(installed_adapters().items()):
+        if getattr(cls, "data_parallel_name", None) == distributed_type:
+            names.append(name)
+            keys.update(getattr(cls, "accelerate_config_keys", None) or {})
+    return keys, names
 
 
 Handler = Callable[[str, Any, dict[str, Any], dict[str, Any], list[str]], None]
@@ -192,4 +237,10 @@ _HANDLERS: dict[str, Handler] = {
     "fp8_config": _refuse_when_set("choose the fp8 recipe in the script (accel's fp8 kwargs handlers)"),
     "parallelism_config": _parallelism,
     "mpirun_config": _refuse_when_set("run `mpirun -np N python train.py` yourself (docs/launching.md)"),
+    "downcast_bf16": _refuse_when_set(
+        "accel does not store whole tensors in bf16: mixed_precision bf16 autocasts instead; set it to 'no'"
+    ),
+    "main_training_function": _refuse_when_set(
+        "accel launch runs the script as __main__ on every process: call that function there (or drop the key)"
+    ),
 }

@@ -119,11 +119,7 @@ def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: st
             if var.startswith("FSDP_")
         }
         settings: dict[str, Any] = {key: env[var] for key, var in var_of.items()}
-        notes = []
-        if settings.get("fsdp_version") == "1":
-            # `accelerate launch --use_fsdp` writes FSDP_VERSION=1 unless told otherwise: same numbers under FSDP2.
-            del settings["fsdp_version"]
-            notes.append("FSDP_VERSION=1: accel implements FSDP2 only and runs it (same numbers, different memory)")
+        notes: list[str] = []  # FSDP_VERSION=1 (`--use_fsdp`'s default) runs FSDP2 with fsdp_kwargs' note
         # Accelerate's plugin: no wrap policy set means NO_WRAP, and min_num_params only counts for
         # SIZE_BASED_WRAP (its launcher always writes 1e8).
         settings.setdefault("fsdp_auto_wrap_policy", "NO_WRAP")
@@ -138,7 +134,8 @@ def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: st
     except SettingError as exc:
         raise SettingError(var_of[exc.key], str(exc).split(": ", 1)[1]) from None
     for note in notes + more:
-        _warn(note)
+        key = note.split(" ", 1)[0]
+        _warn(f"{var_of[key]}{note[len(key) :]}" if key in var_of else note)
     return kwargs
 
 
@@ -204,16 +201,29 @@ def strategy_config_from_json(strategy: str | None, raw: str) -> Any:
         raise SettingError("ACCEL_STRATEGY_CONFIG", f"not valid JSON ({exc}); unset it or fix it") from None
     if not isinstance(kwargs, dict):
         raise SettingError("ACCEL_STRATEGY_CONFIG", "must be a JSON object of the strategy config's fields")
+    cls = strategy_config_class(strategy)
+    return kwargs if cls is None else cls(**kwargs)
+
+
+def strategy_config_class(strategy: str | None) -> type[Any] | None:
+    """The config class whose keyword arguments `ACCEL_STRATEGY_CONFIG` holds for `strategy` (None: a plain
+    dict, for strategies accel-base does not know).
+
+    Raises:
+        SettingError: the megatron strategy without accel-megatron installed.
+    """
     if strategy == "fsdp2":
         from .strategies.fsdp import FSDPConfig
 
-        return FSDPConfig(**kwargs)
+        return FSDPConfig
     if strategy == "deepspeed":
         from .strategies.deepspeed_config import DeepSpeedPlugin
 
-        return DeepSpeedPlugin(**kwargs)
+        return DeepSpeedPlugin
     if strategy == "megatron":
-        from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
-
-        return MegatronPlugin(**kwargs)
-    return kwargs
+        try:
+            from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
+        except ImportError:
+            raise SettingError("strategy", "megatron needs accel-megatron: pip install accel-megatron") from None
+        return MegatronPlugin  # type: ignore[no-any-return]
+    return None

@@ -76,9 +76,11 @@ def _sharding(key: str, value: Any) -> str:
 def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """`FSDPConfig` keyword arguments for Accelerate's `fsdp_*` settings, and notes to print.
 
+    `fsdp_version: 1` runs FSDP2 with a note (as the environment path does).
+
     Raises:
-        SettingError: a setting FSDP2 in accel cannot honour (FSDP1, NO_SHARD, hybrid
-            sharding, forward prefetch, activation-checkpoint offload, an unknown key).
+        SettingError: a setting FSDP2 in accel cannot honour (NO_SHARD, hybrid sharding,
+            forward prefetch, activation-checkpoint offload, an unknown key).
     """
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -86,8 +88,16 @@ def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
         if value is None:
             continue
         if key == "fsdp_version":
-            if _int(key, value) != 2:
-                raise SettingError(key, "accel implements FSDP2 only (FSDP1 is deprecated in PyTorch); set it to 2")
+            version = _int(key, value)
+            if version not in (1, 2):
+                raise SettingError(key, f"expected 1 or 2, got {value!r}")
+            if version == 1:
+                # `accelerate config`/`--use_fsdp` write 1 unless told otherwise. FSDP2 trains the same numbers
+                # (sharded parameters, the same optimizer steps); only its memory layout and state-dict keys differ.
+                notes.append(
+                    f"{key} 1: accel implements FSDP2 only and runs it instead (same numbers, different memory); "
+                    "set 2 to silence this"
+                )
         elif key == "fsdp_offload_params":
             out["cpu_offload"] = as_bool(key, value)
         elif key == "fsdp_min_num_params":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,51 @@ class AccelConfig:
             raise bad("machine_rank", f"0 <= machine_rank < num_machines ({self.num_machines})")
         if self.timeout is not None and self.timeout <= 0:
             raise bad("timeout", "a positive number of seconds")
+        self._validate_names(where)
+
+    def _validate_names(self, where: dict[str, str]) -> None:
+        """The adapter and strategy are installed, and `strategy_config` holds fields of the strategy's
+        config class with values it accepts (checked here, not first in every worker)."""
+        from . import registry
+        from .errors import AccelError
+
+        def at(key: str) -> str:
+            return f"{where[key]}: " if key in where else ""
+
+        adapters = registry.installed_adapters()
+        if self.adapter is not None and self.adapter not in adapters:
+            raise ConfigError(
+                f"{at('adapter')}adapter: no installed adapter is named {self.adapter!r}; installed: "
+                f"{', '.join(sorted(adapters))} (`accel env` shows them; install the adapter's package)"
+            )
+        strategies = sorted(n for n, r in registry.strategy_records().items() if r.ok)
+        if self.strategy not in strategies:
+            raise ConfigError(
+                f"{at('strategy')}strategy: no accel strategy is named {self.strategy!r}; installed: "
+                f"{', '.join(strategies)}"
+            )
+        if not self.strategy_config:
+            return
+        from .accelerate_env import strategy_config_class, strategy_config_from_json
+
+        cls = strategy_config_class(self.strategy)
+        if cls is not None and dataclasses.is_dataclass(cls):
+            fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+            for key in self.strategy_config:
+                if key not in fields:
+                    raise ConfigError(
+                        f"{at('strategy_config.' + str(key)) or at('strategy_config')}strategy_config.{key}: "
+                        f"not a field of {cls.__name__} (the {self.strategy} strategy's config); its fields: "
+                        f"{', '.join(fields)}"
+                    )
+        try:
+            strategy_config_from_json(self.strategy, json.dumps(self.strategy_config))
+        except (TypeError, ValueError, AccelError) as exc:
+            text = str(exc)
+            # The config class names the field it refused: point at that field's line.
+            key = next((str(k) for k in self.strategy_config if text.startswith(str(k)) or f"'{k}'" in text), None)
+            where_key = f"strategy_config.{key}" if key else "strategy_config"
+            raise ConfigError(f"{at(where_key) or at('strategy_config')}{where_key}: {text}") from None
 
     def to_launch_defaults(self) -> dict[str, Any]:
         """`accel launch` destinations and values (see `launch.resolve`)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import AccelError
 
@@ -14,13 +14,25 @@ class UsageError(AccelError, ValueError):
 
 
 class CliParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are two short lines (not the full usage) and exit 2."""
+    """An argparse parser whose errors are two short lines (not the full usage) and exit 2.
+
+    Prefixes of long flags are not matched (`allow_abbrev=False`): `--fp8` is an unknown flag, never
+    an ambiguous prefix of twenty `--fp8_*` flags, and `--use_deep` never silently means `--use_deepspeed`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments"):
+        if message.startswith("unrecognized arguments") and self.prog == "accel launch":
+            from .. import registry
+
+            installed = ", ".join(sorted(registry.installed_adapters())) or "none"
             message += (
-                ". Flags for one vendor's hardware come with its accel adapter package (`accel env` lists"
-                " the installed ones)"
+                f". Flags for one vendor's hardware come with its accel adapter package, and no installed adapter"
+                f" ({installed}) declares it: the adapter for that hardware is missing, or spells the flag its own"
+                " way (`accel launch --adapter NAME --help` lists an adapter's flags)"
             )
         sys.stderr.write(f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every flag)\n")
         sys.exit(2)

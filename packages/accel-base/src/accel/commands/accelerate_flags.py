@@ -125,8 +125,11 @@ _SP = "DeepSpeed Ulysses sequence parallelism is not supported; use --parallelis
 REFUSED: dict[str, tuple[bool, str]] = {
     "vm": (True, _PODS),
     "env": (True, _PODS),
-    "main_training_function": (True, _PODS),
-    "downcast_bf16": (False, _PODS),
+    "main_training_function": (
+        True,
+        "accel launch runs the script as __main__ on every process: call that function there",
+    ),
+    "downcast_bf16": (False, "accel does not store whole tensors in bf16: --mixed_precision bf16 autocasts instead"),
     "gpu_ids": (True, "make only those devices visible with your hardware's visible-devices variable"),
     "enable_cpu_affinity": (False, "bind the processes with numactl or taskset around `accel launch`"),
     "aws_access_key_id": (True, "SageMaker launches are not supported"),

@@ -260,12 +260,14 @@ def launch(argv: Sequence[str]) -> int:
     try:
         torchrun_main(build_torchrun_argv(args, launcher_pid=os.getpid()))
     except ChildFailedError as exc:
-        print(f"accel launch: {exc.name} failed:", file=sys.stderr)
-        for rank, failure in exc.failures.items():
-            print(
-                f"  rank {rank}: exit code {failure.exitcode} ({failure.message or 'see the output above'})",
-                file=sys.stderr,
-            )
+        # torchrun names the program it ran (the bootstrap) and, without an error file, points at its
+        # own docs: the user's script and "the traceback above" are what the user needs.
+        print(f"accel launch: {args.script} failed:", file=sys.stderr)
+        for rank, failure in sorted(exc.failures.items()):
+            message = failure.message or ""
+            if not message or "pytorch.org" in message:
+                message = "its traceback is above" if failure.exitcode > 0 else "see the output above"
+            print(f"  rank {rank}: exit code {failure.exitcode} ({message})", file=sys.stderr)
         return 1
     except (dist.DistNetworkError, dist.DistStoreError) as exc:
         where = args.rdzv_endpoint or f"{args.master_addr or '127.0.0.1'}:{args.master_port or 29500}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
+from ..accelerate_config import hardware_keys
 from ..accelerate_settings import SettingError, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
 from . import UsageError
 from .accelerate_flags import (
@@ -50,8 +51,13 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
     if args.module and args.no_python:
         raise UsageError("--module and --no-python cannot be combined: a module always runs through python")
     _check_script(args)
-    adapter_cls = _selected_adapter(args)
     hardware = getattr(args, "required_hardware", None)
+    if hardware and not (args.cpu or args.adapter or os.environ.get("ACCEL_ADAPTER")):
+        # The adapter for the file's hardware type, when exactly one installed adapter reports it.
+        owners = hardware_keys(hardware)[1]
+        if len(owners) == 1:
+            args.adapter = owners[0]
+    adapter_cls = _selected_adapter(args)
     if hardware and adapter_cls.name == "cpu" and not args.emulate:
         raise UsageError(
             f"the config file asks for distributed_type {hardware}, but no adapter for that hardware can run here "
@@ -68,6 +74,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
         except (TypeError, ValueError) as exc:
             raise UsageError(f"the {args.strategy} settings are invalid: {exc}") from None
     args.dynamo_kwargs = dynamo_kwargs(given(args, DYNAMO_FLAGS))
+    _check_precision(args, adapter_cls)
+    _check_dynamo_backend(args, adapter_cls)
     counted = args.num_processes is None
     if counted:
         args.num_processes = _device_count(adapter_cls, bool(args.emulate))
@@ -223,3 +231,37 @@ def _check_port(args: argparse.Namespace) -> None:
                 f"port {args.master_port} on this machine is in use ({exc.strerror}): pick a free one with "
                 "--main-process-port, or leave it out on one node and torchrun picks one"
             ) from None
+
+
+def _check_precision(args: argparse.Namespace, adapter_cls: type[Any]) -> None:
+    """Refuse a precision the selected adapter can never run (its `capabilities.precisions`); one that
+    depends on the device model (fp8 on older chips) is still checked by the workers."""
+    precision = args.mixed_precision
+    supported = adapter_cls.capabilities.precisions
+    if precision and precision not in supported:
+        raise UsageError(
+            f"--mixed-precision {precision}: the {adapter_cls.name!r} adapter does not support it (it runs "
+            f"{', '.join(sorted(supported))}); pick one of those, or select an adapter that does with --adapter NAME"
+        )
+
+
+def _check_dynamo_backend(args: argparse.Namespace, adapter_cls: type[Any]) -> None:
+    """Refuse a `torch.compile` backend torch does not know, before any worker imports torch._dynamo.
+
+    Vendor libraries may register backends when the workers import them, so under an adapter with a
+    vendor module (not emulated) a name torch does not know yet is left to the workers.
+    """
+    backend = (args.dynamo_backend or "no").lower()
+    args.dynamo_backend = None if args.dynamo_backend is None else backend
+    if backend in ("no", "default"):
+        return
+    if adapter_cls.vendor_module is not None and not args.emulate:
+        return
+    from torch._dynamo import list_backends  # entry-point backends (`torch_dynamo_backends`) included
+
+    known = list_backends(exclude_tags=())
+    if backend not in known:
+        raise UsageError(
+            f"--dynamo-backend {backend}: torch.compile has no backend of that name; use one of "
+            f"{', '.join(['no', *sorted(b for b in known if 'TESTING' not in b)])}"
+        )
