@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from accel.adapter import Capabilities
 from accel.parallelism_config import ParallelismConfig
+from accel.state import AcceleratorState
 from conftest import launch
 
 WORKER = r"""
@@ -325,15 +326,21 @@ def test_launch_flags_and_config_keys_become_worker_environment(monkeypatch):
         launch_env({"parallelism_config_sp_size": 2})
 
 
-def test_environment_selects_fsdp2_with_a_parallelism_config(monkeypatch):
-    from accel import Accelerator
+def test_environment_parallelism_config_picks_the_strategy_from_its_sizes(monkeypatch):
+    from accel import Accelerator, FSDPConfig
 
     monkeypatch.setenv("ACCEL_USE_PARALLELISM_CONFIG", "")  # restored (unset) afterwards: the
     monkeypatch.delenv("ACCEL_USE_PARALLELISM_CONFIG")  # Accelerator translates the variable below into it
     monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    # `--use_parallelism_config` without sizes is plain data parallelism: the adapter's DDP, as in Accelerate.
     acc = Accelerator()
+    assert acc.strategy.name == "ddp" and isinstance(acc.parallelism_config, ParallelismConfig)
+    assert acc.parallelism_config.total_size == 1 and acc.torch_device_mesh is None  # one process
+    AcceleratorState._reset_state(reset_partial_state=True)
+    # With an FSDP plugin it composes on FSDP2 (and on one process there is nothing to split).
+    acc = Accelerator(fsdp_plugin=FSDPConfig())
     assert acc.strategy.name == "fsdp2" and isinstance(acc.parallelism_config, ParallelismConfig)
-    assert acc.torch_device_mesh is None  # one process: nothing to split
+    assert acc.torch_device_mesh is None
 
 
 def test_parallelism_config_composes_on_fsdp2_only():
@@ -345,8 +352,21 @@ def test_parallelism_config_composes_on_fsdp2_only():
     plugin = FSDPConfig(reshard_after_forward=False)
     name, config = with_parallelism(ParallelismConfig(tp_size=2), "fsdp2", plugin)
     assert name == "fsdp2" and config is plugin and config.parallelism_config.tp_size == 2
-    with pytest.raises(ValueError, match="composes data, tensor and context parallelism on the fsdp2 strategy"):
+    with pytest.raises(ValueError, match="composes data sharding, tensor and context parallelism on the fsdp2"):
         with_parallelism(ParallelismConfig(tp_size=2), "deepspeed", None)
-    # An object of Accelerate's class (same fields) is rebuilt as accel's.
-    foreign = SimpleNamespace(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1)
-    assert with_parallelism(foreign, None, None)[1].total_size == 4
+    # Replicate-only configs are plain data parallelism: the strategy stays as chosen (None: the adapter's).
+    assert with_parallelism(ParallelismConfig(), None, None) == (None, None)
+    assert with_parallelism(ParallelismConfig(dp_replicate_size=2), "deepspeed", "cfg") == ("deepspeed", "cfg")
+    # An object of Accelerate's class (same fields) is rebuilt as accel's, handlers included.
+    foreign = SimpleNamespace(
+        dp_replicate_size=1,
+        dp_shard_size=2,
+        tp_size=1,
+        cp_size=2,
+        cp_backend="torch",
+        cp_handler=SimpleNamespace(cp_comm_strategy="alltoall"),
+    )
+    pc = with_parallelism(foreign, None, None)[1]
+    assert pc.total_size == 4 and pc.cp_handler.cp_comm_strategy == "alltoall"
+    with pytest.raises(TypeError, match=r"must be an accel\.ParallelismConfig, got int"):
+        with_parallelism(3, None, None)

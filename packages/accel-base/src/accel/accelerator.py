@@ -40,6 +40,7 @@ from .kwargs import (
     check_positive_int,
 )
 from .optimizer import AcceleratedOptimizer
+from .parallelism_config import as_parallelism_config, bind_parallelism, from_environment, with_parallelism
 from .precision import Precision, remove_autocast_wrapper
 from .prepare import PrepareContext
 from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
@@ -120,9 +121,13 @@ class Accelerator(AcceleratorCompatMixin):
     ) -> None:
         # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
+        asked = strategy is not None or any(p is not None for p in plugins)
         strategy, strategy_config, dynamo_plugin = launch_defaults(
             strategy, strategy_config, any(p is not None for p in plugins), dynamo_backend, dynamo_plugin
         )
+        if not asked and (launcher_pc := from_environment()) is not None:
+            # `--use_parallelism_config`: the sizes (the script's config, else the launcher's) pick the strategy.
+            strategy, parallelism_config = None, launcher_pc if parallelism_config is None else parallelism_config
         # Objects built with the real Accelerate: converted to accel's with a warning, or refused.
         (kwargs_handlers, dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin) = (
             convert_accelerator_arguments(
@@ -169,8 +174,7 @@ class Accelerator(AcceleratorCompatMixin):
             strategy, strategy_config, fsdp_plugin, deepspeed_plugin, megatron_lm_plugin
         )
         if parallelism_config is not None:
-            from .parallelism_config import with_parallelism
-
+            parallelism_config = as_parallelism_config(parallelism_config)
             strategy_name, strategy_config = with_parallelism(parallelism_config, strategy_name, strategy_config)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
@@ -184,6 +188,7 @@ class Accelerator(AcceleratorCompatMixin):
             _from_accelerator=True,
         )
         self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(strategy_config)
+        bind_parallelism(self.strategy, parallelism_config, self.state)  # the N-D mesh, or a DDP run's config
         supported = self.adapter.capabilities.strategies
         if self.strategy.name not in supported:
             raise StrategyNotSupportedError(
@@ -553,12 +558,13 @@ class Accelerator(AcceleratorCompatMixin):
         # Onto the parameters that preparing its model created (placement, sharding), once, here.
         if optimizer not in self._adapter_repointed:
             self._parameter_map.repoint(optimizer)
-        # A strategy's own replacement here (version-1 contract) rebuilds its schedulers itself in
-        # `prepare_scheduler`; schedulers follow the adapter's replacement and `setup`'s.
         optimizer = self.strategy.prepare_optimizer(optimizer, self._run())
         from_strategy = optimizer
         optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
-        if optimizer is not from_strategy:
+        # Schedulers follow any replacement, except one made by a strategy that rebuilds its
+        # schedulers itself in `prepare_scheduler` (`Strategy.rebuilds_schedulers`).
+        strategy_followed = from_strategy is not original and not self.strategy.rebuilds_schedulers
+        if optimizer is not from_strategy or strategy_followed:
             self._follow_replaced_optimizer(original, optimizer)
         wrapped = AcceleratedOptimizer(
             optimizer,

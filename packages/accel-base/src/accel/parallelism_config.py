@@ -328,31 +328,110 @@ def from_environment() -> ParallelismConfig | None:
     return ParallelismConfig() if flag.strip().lower() in ("1", "true", "yes") else None
 
 
-def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tuple[str, Any]:
-    """The strategy and its config for `Accelerator(parallelism_config=pc)`: N-D parallelism composes on FSDP2
-    (an `FSDPConfig` given as `fsdp_plugin` keeps its fields and gains `pc`).
+def as_parallelism_config(pc: Any) -> ParallelismConfig:
+    """`pc` as accel's class: an object of Accelerate's `ParallelismConfig` (the same fields) is rebuilt, keeping
+    its sizes, `cp_backend`, `tp_plan` and its context-parallel handler's `cp_comm_strategy`.
 
     Raises:
-        ValueError: `pc` with another strategy (ddp, deepspeed, megatron) and a size above 1.
+        TypeError: `pc` has not the fields of a ParallelismConfig.
+    """
+    if isinstance(pc, ParallelismConfig):
+        return pc
+    if not all(hasattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")):
+        raise TypeError(f"parallelism_config must be an accel.ParallelismConfig, got {type(pc).__name__}.")
+    cp_handler = getattr(pc, "cp_handler", None)
+    tp_handler = getattr(pc, "tp_handler", None)
+    return ParallelismConfig(
+        **{f"{n}_size": getattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")},
+        sp_size=getattr(pc, "sp_size", None),
+        cp_backend=getattr(pc, "cp_backend", None),
+        tp_plan=getattr(pc, "tp_plan", None),
+        cp_handler=None
+        if cp_handler is None
+        else TorchContextParallelConfig(cp_comm_strategy=getattr(cp_handler, "cp_comm_strategy", None)),
+        tp_handler=None
+        if tp_handler is None
+        else TorchTensorParallelConfig(enable_async_tp=bool(getattr(tp_handler, "enable_async_tp", False))),
+    )
+
+
+def only_replicates(pc: ParallelismConfig) -> bool:
+    """True when `pc` splits nothing but the data (no shard, tensor, context or sequence dimension): plain data
+    parallelism, which runs on the data-parallel strategy (DDP) as in Accelerate."""
+    return not (pc.dp_shard_enabled or pc.tp_enabled or pc.cp_enabled or pc.sp_enabled)
+
+
+def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tuple[str | None, Any]:
+    """The strategy and its config for `Accelerator(parallelism_config=pc)`.
+
+    Sharding, tensor and context parallelism compose on FSDP2 (an `FSDPConfig` given as `fsdp_plugin` keeps its
+    fields and gains `pc`). A config that only replicates (`ParallelismConfig()`, `dp_replicate_size=N` alone)
+    is plain data parallelism: it leaves the strategy as chosen (None: the adapter's default, DDP), and
+    `attach_parallelism` gives it the config and its mesh, as Accelerate runs it as DDP. With FSDP2 chosen
+    (`fsdp_plugin`), such a config is refused on several processes, as in Accelerate (nothing to shard over).
+
+    Raises:
+        ValueError: `pc` splits the model (shard, tensor, context sizes above 1) under another strategy
+            (ddp, deepspeed, megatron).
         TypeError: `pc` is not a ParallelismConfig.
     """
-    if not isinstance(pc, ParallelismConfig):
-        if not all(hasattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")):
-            raise TypeError(f"parallelism_config must be an accel.ParallelismConfig, got {type(pc).__name__}.")
-        # Built with Accelerate's class: the same fields.
-        pc = ParallelismConfig(
-            **{f"{n}_size": getattr(pc, f"{n}_size") for n in ("dp_replicate", "dp_shard", "tp", "cp")},
-            tp_plan=getattr(pc, "tp_plan", None),
-        )
+    pc = as_parallelism_config(pc)
+    if strategy is None and hasattr(strategy_config, "parallelism_config"):
+        strategy = "fsdp2"  # an FSDPConfig from the launcher's settings
     if strategy not in (None, "fsdp2"):
-        if pc.total_size == 1:
+        if only_replicates(pc):
             return strategy, strategy_config
         raise ValueError(
-            f"parallelism_config composes data, tensor and context parallelism on the fsdp2 strategy; got "
+            f"parallelism_config composes data sharding, tensor and context parallelism on the fsdp2 strategy; got "
             f"strategy={strategy!r}. Drop that strategy (or its plugin), or use the fsdp_plugin."
         )
+    if strategy is None and only_replicates(pc):
+        return None, strategy_config
     if strategy_config is None or isinstance(strategy_config, ParallelismConfig):
         return "fsdp2", pc  # the fsdp2 strategy takes a ParallelismConfig as its config
     # An FSDPConfig (fsdp_plugin): its fields stand, the mesh is `pc`'s.
     strategy_config.parallelism_config = pc
     return "fsdp2", strategy_config
+
+
+def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) -> None:
+    """Give the run's strategy its mesh once the processes are known (called by the Accelerator right after it
+    builds the strategy, so `accelerator.torch_device_mesh` exists from construction on, as in Accelerate).
+
+    `state` is the run's state (`num_processes`, `use_distributed`, `device`, `adapter`): this module reads
+    nothing global. A strategy with a `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting
+    `pc` if it has none. Any other strategy (DDP, ...) takes a replicate-only `pc` as it is: with every size 1
+    on several processes `dp_replicate_size` becomes the number of processes (Accelerate's
+    `_validate_accelerator`), else the sizes must multiply to it; its mesh has the `dp_replicate` dimension
+    (with the flattened `dp` and `dp_cp`) on the adapter's device type, None on one process.
+
+    Raises:
+        ValueError: the sizes do not multiply to the number of processes, or the adapter lacks a dimension.
+    """
+    facts = MeshFacts(
+        num_processes=int(state.num_processes),
+        use_distributed=bool(state.use_distributed),
+        device_type=state.device.type,
+        capabilities=state.adapter.capabilities,
+        adapter_name=state.adapter.name,
+    )
+    build = getattr(strategy, "build_mesh", None)
+    if build is not None:
+        build(facts, pc)
+        return
+    if pc is None or getattr(strategy, "parallelism", None) is not None:
+        return
+    pc.validate(facts.num_processes, facts.capabilities, facts.adapter_name)
+    strategy.parallelism = pc
+    strategy._mesh = pc.get_device_mesh(facts.device_type) if facts.use_distributed else None
+
+
+@dataclass(frozen=True)
+class MeshFacts:
+    """What building a run's mesh needs to know about the run (from the Accelerator's state)."""
+
+    num_processes: int
+    use_distributed: bool
+    device_type: str
+    capabilities: Any
+    adapter_name: str

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..distributed_type import DistributedType
-    from ..parallelism_config import ParallelismConfig
+    from ..parallelism_config import MeshFacts, ParallelismConfig
     from ..prepare import PrepareContext
     from ..prepared import Prepared, RunContext
 
@@ -63,8 +63,9 @@ class FSDPConfig:
     `min_num_params` parameters; "no_wrap": one unit for the whole model (peak memory
     of the full model); or a callable `module -> bool`. The root is always a unit."""
     transformer_cls_names_to_wrap: Sequence[str | type[nn.Module]] | None = None
-    """Module classes (or class names) wrapped by "transformer_based_wrap"; default: the
-    model's `_no_split_modules`."""
+    """Module classes (or class names, or one string of comma-separated names such as
+    "LlamaDecoderLayer,LlamaMLP", as Accelerate takes them) wrapped by "transformer_based_wrap";
+    default: the model's `_no_split_modules`."""
     min_num_params: int | None = 0
     """Parameter count at which "size_based_wrap" makes a subtree its own unit. Smaller
     units mean lower peak memory and more, smaller collectives."""
@@ -130,6 +131,10 @@ class FSDPConfig:
             )
         self._fsdp1_options()
         self.set_state_dict_type(self.state_dict_type)
+        if isinstance(self.transformer_cls_names_to_wrap, str):
+            # Accelerate's form (and its config files'): one string of comma-separated class names.
+            names = [n.strip() for n in self.transformer_cls_names_to_wrap.split(",")]
+            self.transformer_cls_names_to_wrap = [n for n in names if n]
         policy = self.auto_wrap_policy
         if isinstance(policy, str) and policy.lower() not in WRAP_POLICIES:
             raise ValueError(f"auto_wrap_policy must be one of {WRAP_POLICIES}, a callable or None; got {policy!r}.")
@@ -320,13 +325,28 @@ class FSDP2Strategy(Strategy):
             self.config.parallelism_config = from_environment()
         self.parallelism: ParallelismConfig | None = self.config.parallelism_config
         self._own_group: Any = None
-        if self.parallelism is not None:
-            self._mesh = _build_nd_mesh(self.parallelism)
-            if self._mesh is not None and not self.parallelism.dp_dim_names:
-                import torch.distributed as dist
+        self._bound = False
 
-                # Every process is one data shard of its own (tensor/context parallelism over all of them).
-                self._own_group, _ = dist.new_subgroups(group_size=1)
+    def build_mesh(self, facts: MeshFacts, pc: ParallelismConfig | None = None) -> None:
+        """Validate the N-D config against the run (`facts`, from the Accelerator's state) and build its mesh on
+        the adapter's device type; `pc` is adopted when this strategy has no config of its own.
+
+        Raises:
+            ValueError: sizes that do not multiply to the number of processes, a dimension the adapter does not
+                claim, or (on several processes) a config with nothing to shard (only `dp_replicate_size`), which
+                is plain data parallelism, as Accelerate refuses it under FSDP.
+        """
+        if self.parallelism is None and pc is not None:
+            self.parallelism = self.config.parallelism_config = pc
+        if self.parallelism is None or self._bound:
+            return
+        self._bound = True
+        self._mesh = _build_nd_mesh(self.parallelism, facts)
+        if self._mesh is not None and not self.parallelism.dp_dim_names:
+            import torch.distributed as dist
+
+            # Every process is one data shard of its own (tensor/context parallelism over all of them).
+            self._own_group, _ = dist.new_subgroups(group_size=1)
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from ..distributed_type import DistributedType
@@ -392,6 +412,11 @@ class FSDP2Strategy(Strategy):
         if pc is None:
             return self.mesh(ctx.device, ctx.num_processes)
         if self._mesh is None:
+            if ctx.use_distributed and not self._bound:
+                raise RuntimeError(
+                    "The fsdp2 strategy's N-D mesh was never built: call strategy.build_mesh(...) (the Accelerator "
+                    "does, through accel.parallelism_config.bind_parallelism) before preparing."
+                )
             return None
         if pc.tp_enabled:
             from .tensor_parallel import apply_tensor_parallel
@@ -474,20 +499,18 @@ class FSDP2Strategy(Strategy):
         return True
 
 
-def _build_nd_mesh(pc: ParallelismConfig) -> DeviceMesh | None:
+def _build_nd_mesh(pc: ParallelismConfig, facts: MeshFacts) -> DeviceMesh | None:
     """Validate `pc` against the run and its adapter, and build its mesh on the adapter's device type."""
-    from ..state import PartialState
-
-    state = PartialState()
-    pc.validate(state.num_processes, state.adapter.capabilities, state.adapter.name)
-    if not state.use_distributed:
+    pc.validate(facts.num_processes, facts.capabilities, facts.adapter_name)
+    if not facts.use_distributed:
         return None
-    if pc.dp_replicate_enabled and not pc.dp_shard_cp_dim_names:
+    if not pc.dp_shard_enabled and not pc.cp_enabled and not pc.tp_enabled:
         raise ValueError(
-            "ParallelismConfig with only dp_replicate_size > 1 is plain data parallelism: use strategy='ddp' "
-            "(no fsdp_plugin) instead, or set dp_shard_size > 1 to shard the model."
+            "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
+            "`dp_shard_size` and `cp_size` are 1). It only replicates, which is plain data parallelism: Drop the "
+            "fsdp_plugin (or strategy='fsdp2') to run it as DDP, or set dp_shard_size > 1 to shard the model."
         )
-    return pc.get_device_mesh(state.device.type)
+    return pc.get_device_mesh(facts.device_type)
 
 
 def _ignored_params(model: nn.Module, ignored: Any) -> set[nn.Parameter]:
