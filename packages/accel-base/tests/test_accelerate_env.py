@@ -130,3 +130,68 @@ def test_script_under_accelerate_variables_trains_as_asked(tmp_path: Path) -> No
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, check=True
     ).stdout
     assert json.loads(out.strip().splitlines()[-1]) == ["bf16", "inductor", True]
+
+
+@pytest.fixture
+def megatron_plugin(monkeypatch: pytest.MonkeyPatch):
+    """accel-megatron's real `MegatronPlugin` (its plugin module needs nothing but accel), imported from the
+    repository when the package is not installed in this environment."""
+    try:
+        from accel_megatron.plugin import MegatronPlugin
+    except ImportError:
+        import importlib.util
+        import types
+
+        source = Path(__file__).parents[2] / "accel-megatron" / "src" / "accel_megatron"
+        package = types.ModuleType("accel_megatron")
+        package.__path__ = [str(source)]
+        monkeypatch.setitem(sys.modules, "accel_megatron", package)
+        spec = importlib.util.spec_from_file_location("accel_megatron.plugin", source / "plugin.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "accel_megatron.plugin", module)
+        spec.loader.exec_module(module)
+        MegatronPlugin = module.MegatronPlugin
+    return MegatronPlugin
+
+
+def test_megatron_degrees_from_accelerate_launch_become_the_plugin(megatron_plugin) -> None:
+    """`accelerate launch --use_megatron_lm --megatron_lm_tp_degree 2 --megatron_lm_pp_degree 2 ...` sets
+    MEGATRON_LM_* for its workers: they reach accel-megatron's options, not a warning and TP=PP=1."""
+    env = {
+        "ACCELERATE_USE_MEGATRON_LM": "true",
+        "MEGATRON_LM_TP_DEGREE": "2",
+        "MEGATRON_LM_PP_DEGREE": "2",
+        "MEGATRON_LM_NUM_MICRO_BATCHES": "4",
+        "MEGATRON_LM_SEQUENCE_PARALLELISM": "true",
+        "MEGATRON_LM_RECOMPUTE_ACTIVATIONS": "False",
+        "MEGATRON_LM_GRADIENT_CLIPPING": "1.0",
+        "MEGATRON_LM_USE_DISTRIBUTED_OPTIMIZER": "None",  # Accelerate writes str(None) for an unset option
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every variable honoured: no warning
+        assert apply_accelerate_env(env) == []
+    assert env["ACCEL_STRATEGY"] == "megatron"
+    kwargs = json.loads(env["ACCEL_STRATEGY_CONFIG"])
+    assert kwargs == {
+        "tp_degree": 2,
+        "pp_degree": 2,
+        "num_micro_batches": 4,
+        "sequence_parallelism": True,
+        "recompute_activations": False,
+        "gradient_clipping": 1.0,
+    }
+    from accel.accelerate_env import strategy_config_from_json
+
+    plugin = strategy_config_from_json("megatron", env["ACCEL_STRATEGY_CONFIG"])
+    assert isinstance(plugin, megatron_plugin) and (plugin.tp_degree, plugin.pp_degree) == (2, 2)
+
+
+def test_megatron_variables_without_an_option_are_named(megatron_plugin) -> None:
+    env = {"ACCELERATE_USE_MEGATRON_LM": "true", "MEGATRON_LM_TP_DEGREE": "2", "MEGATRON_LM_EOD_MASK_LOSS": "true"}
+    with pytest.warns(
+        UserWarning, match=r"cannot honour these `accelerate launch` settings .*MEGATRON_LM_EOD_MASK_LOSS"
+    ):
+        assert apply_accelerate_env(env) == ["MEGATRON_LM_EOD_MASK_LOSS"]
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {"tp_degree": 2}
+    with pytest.raises(SettingError, match=r"MEGATRON_LM_PP_DEGREE: expected an integer, got 'two'"):
+        apply_accelerate_env({"ACCELERATE_USE_MEGATRON_LM": "true", "MEGATRON_LM_PP_DEGREE": "two"})

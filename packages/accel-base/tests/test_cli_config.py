@@ -268,7 +268,9 @@ def test_megatron_file_maps_onto_the_plugin_or_says_what_to_install() -> None:
     try:
         import accel_megatron  # noqa: F401
     except ImportError:
-        with pytest.raises(ConfigError, match=r"megatron.yaml:\d+: megatron_lm_config.*pip install accel-megatron"):
+        with pytest.raises(
+            ConfigError, match=r"megatron.yaml:\d+: megatron_lm_config.*pip install 'accel-megatron\[megatron\]'"
+        ):
             accelerate_launch_defaults(data, lines)
         return
     values, _ = accelerate_launch_defaults(data, lines)

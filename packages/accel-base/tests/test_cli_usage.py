@@ -182,6 +182,26 @@ def test_env_tells_the_truth_about_optional_packages(tmp_path: Path) -> None:
     assert 'mixed_precision: "bf16"' in out
 
 
+def test_megatron_hints_name_the_extra_that_brings_megatron_core(script: Path, monkeypatch) -> None:
+    """accel-megatron installed without megatron-core: the hint is its `megatron` extra, not the bare package."""
+    from accel.commands import env as env_command
+
+    real = env_command.installed
+    monkeypatch.setattr(env_command, "installed", lambda module: module == "accel_megatron" or (
+        real(module) and not module.startswith("megatron")))  # fmt: skip
+    report = env_command.env_report()
+    line = next(line for line in report.splitlines() if line.strip().startswith("megatron-core "))
+    assert "not installed (pip install 'accel-megatron[megatron]')" in line
+    assert "accel-megatron  installed" in report
+    if installed("accel_megatron"):
+        return
+    parser = _launch_parser([])
+    with pytest.raises(
+        UsageError, match=r"the megatron strategy is not installed: pip install 'accel-megatron\[megatron\]'"
+    ):
+        resolve(parser.parse_args(["--cpu", "--use_megatron_lm", str(script)]), parser)
+
+
 def test_accel_test_takes_the_rendezvous_flags() -> None:
     with socket.socket() as s:
         s.bind(("", 0))

@@ -6,6 +6,9 @@ environment variables. `apply_accelerate_env` turns every one with an accel equi
 into accel's own variable (an `ACCEL_*` already set wins) and warns once, naming them,
 about the rest: the script never trains differently in silence.
 
+Under `ACCELERATE_USE_MEGATRON_LM`, the `MEGATRON_LM_*` degrees and options become the options of
+accel-megatron's `MegatronPlugin` (`MEGATRON_LM_TP_DEGREE` -> `tp_degree`); without it they are warned about.
+
 `launch_defaults` is the one place the `Accelerator` reads what a launcher decided beyond
 plain variables: the strategy's config (`ACCEL_STRATEGY_CONFIG`, JSON keyword arguments of
 the strategy's config class) and the dynamo options (`ACCEL_DYNAMO_*`).
@@ -20,7 +23,15 @@ import warnings
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from .accelerate_settings import SettingError, as_bool, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs
+from .accelerate_settings import (
+    MEGATRON_RENAMES,
+    SettingError,
+    as_bool,
+    deepspeed_kwargs,
+    dynamo_kwargs,
+    fsdp_kwargs,
+    megatron_kwargs,
+)
 
 # ACCELERATE_* -> ACCEL_*, value passed through `convert`.
 _DIRECT: dict[str, tuple[str, Callable[[str], str]]] = {
@@ -92,13 +103,19 @@ def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[st
         elif name in _OFF_BY_DEFAULT:
             if as_bool(name, value):
                 unhonoured.append(name)
-        elif (
-            name.startswith("MEGATRON_LM_") or (name.startswith("ACCELERATE_") and name not in _HARMLESS)
-        ) and name not in _DEEPSPEED_VARS:
+        elif name.startswith("ACCELERATE_") and name not in _HARMLESS and name not in _DEEPSPEED_VARS:
             unhonoured.append(name)
     strategy = env.get("ACCEL_STRATEGY")
+    megatron_vars = sorted(name for name in names if name.startswith("MEGATRON_LM_"))
+    if strategy != "megatron":
+        unhonoured += megatron_vars  # they configure a strategy this run does not use
     if "ACCEL_STRATEGY_CONFIG" not in env and strategy in ("fsdp2", "deepspeed"):
         config = _strategy_config_from_accelerate(env, strategy)
+        if config:
+            env["ACCEL_STRATEGY_CONFIG"] = json.dumps(config)
+    elif "ACCEL_STRATEGY_CONFIG" not in env and strategy == "megatron" and megatron_vars:
+        config, unknown = _megatron_config_from_accelerate(env, megatron_vars)
+        unhonoured += unknown
         if config:
             env["ACCEL_STRATEGY_CONFIG"] = json.dumps(config)
     if unhonoured and not _warned:
@@ -137,6 +154,39 @@ def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: st
         key = note.split(" ", 1)[0]
         _warn(f"{var_of[key]}{note[len(key) :]}" if key in var_of else note)
     return kwargs
+
+
+def _megatron_config_from_accelerate(
+    env: MutableMapping[str, str], names: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """`MegatronPlugin` keyword arguments from `accelerate launch`'s `MEGATRON_LM_<OPTION>` variables
+    (`--megatron_lm_tp_degree 2` arrives as `MEGATRON_LM_TP_DEGREE=2`), and the variables accel-megatron
+    has no option for (warned about, like any setting accel cannot honour).
+
+    Raises:
+        SettingError: accel-megatron is not installed, or a value its option cannot take, naming the variable.
+    """
+    import dataclasses
+
+    try:
+        cls = strategy_config_class("megatron")
+    except SettingError as exc:
+        raise SettingError("ACCELERATE_USE_MEGATRON_LM", str(exc).split(": ", 1)[1]) from None
+    fields = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+    settings: dict[str, str] = {}
+    unknown: list[str] = []
+    var_of: dict[str, str] = {}
+    for var in names:
+        key = "megatron_lm_" + var.removeprefix("MEGATRON_LM_").lower()
+        option = MEGATRON_RENAMES.get(key.removeprefix("megatron_lm_"), key.removeprefix("megatron_lm_"))
+        if option not in fields:
+            unknown.append(var)
+        elif env[var] not in ("", "None"):  # Accelerate writes str(None) for an unset option
+            settings[key], var_of[key] = env[var], var
+    try:
+        return megatron_kwargs(settings), unknown
+    except SettingError as exc:
+        raise SettingError(var_of.get(exc.key, exc.key), str(exc).split(": ", 1)[1]) from None
 
 
 def _warn(message: str) -> None:
@@ -224,6 +274,8 @@ def strategy_config_class(strategy: str | None) -> type[Any] | None:
         try:
             from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
         except ImportError:
-            raise SettingError("strategy", "megatron needs accel-megatron: pip install accel-megatron") from None
+            raise SettingError(
+                "strategy", "megatron needs accel-megatron: pip install 'accel-megatron[megatron]'"
+            ) from None
         return MegatronPlugin  # type: ignore[no-any-return]
     return None

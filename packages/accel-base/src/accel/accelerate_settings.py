@@ -223,7 +223,7 @@ def dynamo_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_MEGATRON_RENAMES = {"context_parallel_size": "cp_degree"}
+MEGATRON_RENAMES = {"context_parallel_size": "cp_degree"}
 
 
 def megatron_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,7 +238,7 @@ def megatron_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
         from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
     except ImportError:
         raise SettingError(
-            next(iter(settings), "megatron_lm"), "needs accel-megatron: pip install accel-megatron"
+            next(iter(settings), "megatron_lm"), "needs accel-megatron: pip install 'accel-megatron[megatron]'"
         ) from None
     fields = {f.name: f for f in dataclasses.fields(MegatronPlugin)}
     out: dict[str, Any] = {}
@@ -246,7 +246,7 @@ def megatron_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         name = key.removeprefix("megatron_lm_")
-        name = _MEGATRON_RENAMES.get(name, name)
+        name = MEGATRON_RENAMES.get(name, name)
         field = fields.get(name)
         if field is None:
             raise SettingError(key, "accel_megatron.MegatronPlugin has no such option; set it in the script")

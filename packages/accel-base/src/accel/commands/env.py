@@ -17,7 +17,14 @@ OPTIONAL = (
     ("tensorboard", "tensorboard", "the tensorboard tracker", "accel-base[tensorboard]"),
     ("yaml", "pyyaml", "config files (accel config, --config-file)", "pyyaml"),
     ("tqdm", "tqdm", "progress bars (accel.utils.tqdm)", "tqdm"),
-    ("accel_megatron", "accel-megatron", "the megatron strategy", "accel-megatron"),
+    ("accel_megatron", "accel-megatron", "the megatron strategy", "accel-megatron[megatron]"),
+    ("megatron.core", "megatron-core", "the megatron strategy (with accel-megatron)", "accel-megatron[megatron]"),
+    ("wandb", "wandb", "the wandb tracker", "accel-base[wandb]"),
+    ("mlflow", "mlflow", "the mlflow tracker", "accel-base[mlflow]"),
+    ("comet_ml", "comet-ml", "the comet_ml tracker", "accel-base[comet_ml]"),
+    ("aim", "aim", "the aim tracker", "accel-base[aim]"),
+    ("clearml", "clearml", "the clearml tracker", "accel-base[clearml]"),
+    ("dvclive", "dvclive", "the dvclive tracker", "accel-base[dvclive]"),
 )
 
 
@@ -72,7 +79,8 @@ def env_report() -> str:
             lines.append(f"  {name:<10} ok ({rec.distribution})")
     lines += ["", "optional packages:"]
     for module, dist, used_for, requirement in OPTIONAL:
-        state = f"installed {version(dist)}" if installed(module) else f"not installed (pip install '{requirement}')"
+        present = installed(module.split(".")[0]) and (module == module.split(".")[0] or installed(module))
+        state = f"installed {version(dist)}" if present else f"not installed (pip install '{requirement}')"
         lines.append(f"  {dist:<15} {state}; for {used_for}")
     lines += ["", _config_line()]
     accel_vars = {k: v for k, v in os.environ.items() if k.startswith(("ACCEL_", "ACCELERATE_"))}

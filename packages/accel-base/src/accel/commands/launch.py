@@ -20,6 +20,7 @@ from .. import registry
 from . import CliParser, UsageError, add_flag
 from .accelerate_flags import add_accelerate_flags
 from .launch_resolve import resolve
+from .requirements import STRATEGY_REQUIRES  # noqa: F401  (re-exported: it used to live here)
 
 WORKER_BOOTSTRAP = Path(__file__).parents[1] / "worker_bootstrap.py"
 
@@ -30,11 +31,6 @@ ACCEL_FLAGS_TO_ENV = {
     "strategy": "ACCEL_STRATEGY",
     "dynamo_backend": "ACCEL_DYNAMO_BACKEND",
     "timeout": "ACCEL_TIMEOUT",
-}
-# Strategies whose code needs a package accel-base does not depend on: (module, pip requirement).
-STRATEGY_REQUIRES = {
-    "deepspeed": ("deepspeed", "accel-base[deepspeed]"),
-    "megatron": ("megatron.core", "accel-megatron"),
 }
 
 

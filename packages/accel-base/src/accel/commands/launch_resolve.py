@@ -158,8 +158,10 @@ def _strategy(args: argparse.Namespace) -> str | None:
     if given(args, MEGATRON_FLAGS) and strategy != "megatron":
         raise UsageError("--megatron_lm_* flags configure Megatron-LM: add --use_megatron_lm")
     if strategy is not None:
-        registry.get_strategy_class(strategy)
         need = STRATEGY_REQUIRES.get(strategy)
+        if need and strategy not in registry.strategy_records():
+            raise UsageError(f"the {strategy} strategy is not installed: pip install '{need[1]}'")
+        registry.get_strategy_class(strategy)
         if need and not installed(need[0].split(".")[0]):
             raise UsageError(
                 f"the {strategy} strategy needs {need[0]}, which is not installed: pip install '{need[1]}'"

@@ -7,7 +7,8 @@ import importlib.util
 # Strategies whose code needs a package accel-base does not depend on: (module, pip requirement).
 STRATEGY_REQUIRES = {
     "deepspeed": ("deepspeed", "accel-base[deepspeed]"),
-    "megatron": ("megatron.core", "accel-megatron"),
+    # The strategy's entry point is accel-megatron's; megatron-core comes with its `megatron` extra.
+    "megatron": ("megatron.core", "accel-megatron[megatron]"),
 }
 
 
