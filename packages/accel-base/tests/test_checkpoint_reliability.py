@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -280,9 +281,34 @@ def test_checkpoints_without_hashes_still_load(tmp_path: Path) -> None:
     manifest["format"] = 1
     (directory / MANIFEST).write_text(json.dumps(manifest))
     fresh = Setup(seed=1)
-    fresh.accelerator.load_state(directory)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh.accelerator.load_state(directory)
     expected["rng"] = fresh.snapshot()["rng"]
     assert_same(fresh.snapshot(), expected)
+    # One warning for the whole load, not one per file.
+    unverified = [str(w.message) for w in caught if "unverified" in str(w.message)]
+    assert len(unverified) == 1, unverified
+    assert "was written by an accel release that recorded no hashes" in unverified[0]
+
+
+def test_a_manifest_that_lost_hashes_loads_with_one_warning_naming_the_files(tmp_path: Path) -> None:
+    s = Setup()
+    s.train()
+    directory = Path(s.accelerator.save_state(tmp_path / "ckpt"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fully hashed checkpoint loads without any warning
+        s.accelerator.load_state(directory)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    del manifest["sha256"]["model.safetensors"], manifest["sha256"]["optimizer.bin"]
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    _flip_a_data_byte(directory / "model.safetensors")  # no longer caught: that is what the warning says
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s.accelerator.load_state(directory)
+    unverified = [str(w.message) for w in caught if "unverified" in str(w.message)]
+    assert len(unverified) == 1, unverified
+    assert "its manifest records none for model.safetensors, optimizer.bin" in unverified[0], unverified
 
 
 # ---- 4 and 5. all or nothing; every damaged file named -------------------------------------------
@@ -309,6 +335,21 @@ def _wrong_shape_optimizer(directory: Path) -> None:
     state["state"][0]["exp_avg"] = torch.zeros(3, 3)
     torch.save(state, directory / "optimizer.bin")
     forge_hash(directory, "optimizer.bin")
+
+
+def _other_rng_form(directory: Path) -> None:
+    state = torch.load(directory / "random_states_0.pt", weights_only=True)
+    state["torch"] = state["torch"][:100]
+    torch.save(state, directory / "random_states_0.pt")
+    forge_hash(directory, "random_states_0.pt")
+
+
+def _edit_manifest(**entries: Any) -> Any:
+    def damage(directory: Path) -> None:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        (directory / MANIFEST).write_text(json.dumps({**manifest, **entries}))
+
+    return damage
 
 
 def _rewrite(name: str, data: bytes, forge: bool = True) -> Any:
@@ -352,14 +393,41 @@ DAMAGE = {
     ),
     "dataloaders wrong fields": (
         _rewrite("dataloaders.json", b'[{"nothing": 1}]'),
-        r"load_state failed while applying",
+        r"dataloaders\.json does not hold a position for data loader 0: epoch, batches_yielded missing",
+    ),
+    "dataloaders negative position": (
+        _rewrite("dataloaders.json", b'[{"epoch": 1, "batches_yielded": -2}]'),
+        r"dataloaders\.json does not hold a position for data loader 0: batches_yielded",
+    ),
+    "dataloaders bad generator state": (
+        _rewrite("dataloaders.json", b'[{"epoch": 1, "batches_yielded": 2, "epoch_rng": {"sampler": "@@"}}]'),
+        r"dataloaders\.json does not hold a position for data loader 0: epoch_rng",
     ),
     "custom object missing": (_delete("custom_checkpoint_0.bin"), r"custom_checkpoint_0\.bin is missing"),
     "custom object garbage": (_rewrite("custom_checkpoint_0.bin", b"PK\x03\x04 nope"), r"custom_checkpoint_0\.bin"),
     "rng garbage": (_rewrite("random_states_0.pt", b"\x80\x02garbage"), r"random_states_0\.pt"),
+    # Well-formed torch files holding something else: found while checking, before the models change.
+    "rng wrong keys": (
+        lambda d: (torch.save({"random_state": 1}, d / "random_states_0.pt"), forge_hash(d, "random_states_0.pt")),
+        r"random_states_0\.pt does not hold random states: numpy, python, torch missing",
+    ),
+    "rng of another form": (_other_rng_form, r"random_states_0\.pt holds a 'torch' random state of another form"),
+    "registered object refuses its state": (
+        lambda d: (torch.save({"other": 1}, d / "custom_checkpoint_0.bin"), forge_hash(d, "custom_checkpoint_0.bin")),
+        r"custom_checkpoint_0\.bin could not be loaded into the registered object \(KeyError: 'value'\)",
+    ),
     "manifest invalid utf-8": (_rewrite(MANIFEST, b'{"format": "\xff\xfe"}', forge=False), rf"{MANIFEST} is corrupted"),
     "manifest truncated": (_rewrite(MANIFEST, b'{"format": 2, "fi', forge=False), rf"{MANIFEST} is corrupted"),
     "manifest not an object": (_rewrite(MANIFEST, b"[1, 2]", forge=False), rf"{MANIFEST} is corrupted"),
+    "manifest hashes not a dict": (
+        _edit_manifest(sha256=[["model.safetensors", "00"]]),
+        rf"{MANIFEST} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, got list",
+    ),
+    "manifest hash not text": (
+        _edit_manifest(sha256={"model.safetensors": 5}),
+        rf"{MANIFEST} is corrupted: its 'sha256' entry .* got 'model.safetensors': '5'",
+    ),
+    "manifest files not a list": (_edit_manifest(files="model.safetensors"), rf"{MANIFEST} is corrupted: its 'files'"),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,14 @@ from .checkpoint_layout import (
     list_checkpoints,
     prune,
 )
-from .checkpoint_validate import check_loader_states, check_mapping, check_model_state, check_optimizer_state
+from .checkpoint_validate import (
+    check_loader_states,
+    check_mapping,
+    check_model_state,
+    check_optimizer_state,
+    check_rng_state,
+    check_scaler_state,
+)
 from .compile import strip_compile, unwrap_through
 from .errors import CheckpointError
 from .tree import send_to_device
@@ -62,6 +70,7 @@ __all__ = [
     "load_torch",
     "parse_size",
     "prune",
+    "run_on_every_rank",
     "save_safetensors",
     "save_state",
     "save_torch",
@@ -281,15 +290,64 @@ def load_state(
         hook(prepared.models, str(directory))
 
     custom = list(found.manifest.get("strategy_files", []))
+    if ctx.is_main_process:
+        _warn_if_unverified(found)
     plan, error = _attempt(lambda: _read_and_check(prepared, ctx, found, strict, custom))
     _raise_if_failed(_agree(ctx, error), error, what)
     assert plan is not None
 
-    if ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict):
-        plan.pop("models", None)
-        plan.pop("optimizers", None)
-    _apply(ctx, plan)
+    # Everything that can be undone first, agreed on by every rank; then a strategy's models and
+    # optimizers (it checks them before it changes anything); the default models last.
+    undo, error = _apply_undoable(ctx, plan)
+    results = _agree(ctx, error)
+    if any(msg is not None for msg, _ in results):
+        _undo(ctx, undo)
+    _raise_if_failed(results, error, what)
+    try:
+        handled = ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
+    except Exception as exc:
+        _undo(ctx, undo)
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"{what} failed in the {type(ctx.strategy).__name__} strategy's loader ({type(exc).__name__}: {exc}). "
+            "The schedulers, data loaders, registered objects and random states were restored; the models and "
+            "optimizers are as that strategy's loader left them."
+        ) from exc
+    if not handled:
+        for model, sd in plan["models"]:
+            ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=strict)
     return dict(found.manifest)
+
+
+def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
+    """`fn()` on every rank; if it raised on any, the same `CheckpointError` on all of them.
+
+    For the read-and-check phase of a strategy's loader: no rank goes on to a collective that
+    applies a checkpoint another rank found unusable.
+    """
+    result, error = _attempt(fn)
+    _raise_if_failed(_agree(ctx, error), error, what)
+    return result
+
+
+def _warn_if_unverified(found: layout.Located) -> None:
+    """Once per load: which files have no recorded SHA-256, and so load unverified."""
+    listed = [*found.manifest.get("files", []), *found.manifest.get("rng_files", [])]
+    hashed = set(found.hashes)
+    bare = [n for n in listed if n not in hashed and not any(h.startswith(n + "/") for h in hashed)]
+    if not bare:
+        return
+    if "sha256" not in found.manifest and found.manifest.get("format", 1) == 1:
+        why = "it was written by an accel release that recorded no hashes"
+    else:
+        why = f"its manifest records none for {', '.join(bare[:6])}{' and others' if len(bare) > 6 else ''}"
+    warnings.warn(
+        f"Checkpoint {found.directory} is unverified: {why}, so a corrupted or changed file may load silently. "
+        "Saving it again with save_state records a SHA-256 for every file.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _finish_interrupted(directory: Path) -> None:
@@ -312,8 +370,12 @@ def _locate(directory: Path) -> layout.Located:
 def _read_and_check(
     prepared: Prepared, ctx: RunContext, found: layout.Located, strict: bool, custom: list[str]
 ) -> dict[str, Any]:
-    """Every file this rank needs, read and verified, and checked against the live objects."""
-    plan: dict[str, Any] = {"strict": strict}
+    """Every file this rank needs, read and verified, and checked against the live objects.
+
+    Returns the plan `_apply_undoable` and the models' load follow: each entry keeps the file
+    it came from, so that an error while applying still names it.
+    """
+    plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
     rank, world = ctx.process_index, ctx.num_processes
     # Files a strategy reads itself are verified here, each by one rank (they can be large).
     for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
@@ -327,7 +389,6 @@ def _read_and_check(
         return load_torch(found.path(name), sha256=found.sha256(name), **kw)
 
     if not custom:
-        plan["models"] = []
         for i, model in enumerate(prepared.models):
             name = _name("model", i, "safetensors")
             if found.path(name).is_file():
@@ -338,61 +399,74 @@ def _read_and_check(
             live = unwrap_through(model, ctx.strategy).state_dict()
             check_model_state(live, sd, found.path(name), strict=strict)
             plan["models"].append((model, sd))
-        plan["optimizers"] = []
         location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
         for i, opt in enumerate(prepared.optimizers):
             name = _name("optimizer", i, "bin")
             sd = torch_file(name, map_location=location)
             check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
-            plan["optimizers"].append((opt, sd))
-    plan["objects"] = []
+            plan["optimizers"].append((opt, sd, found.path(name)))
     for i, sched in enumerate(prepared.schedulers):
         name = _name("scheduler", i, "bin")
         state = torch_file(name)
         check_mapping(state, found.path(name), "scheduler")
-        plan["objects"].append((sched, state))
+        plan["objects"].append((sched, state, found.path(name), "scheduler"))
     if prepared.scaler is not None:
         state = torch_file("scaler.pt")
-        check_mapping(state, found.path("scaler.pt"), "grad scaler")
-        plan["objects"].append((prepared.scaler, state))
+        check_scaler_state(state, prepared.scaler.state_dict(), found.path("scaler.pt"))
+        plan["objects"].append((prepared.scaler, state, found.path("scaler.pt"), "grad scaler"))
     if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
-        states = load_json(found.path("dataloaders.json"), sha256=found.sha256("dataloaders.json"))
-        check_loader_states(states, found.path("dataloaders.json"))
-        plan["objects"] += list(zip(prepared.dataloaders, states))
+        path = found.path("dataloaders.json")
+        states = load_json(path, sha256=found.sha256("dataloaders.json"))
+        check_loader_states(states, path)
+        plan["objects"] += [(dl, st, path, "data loader") for dl, st in zip(prepared.dataloaders, states)]
     for i, obj in enumerate(prepared.custom_objects):
         name = f"custom_checkpoint_{i}.bin"
-        state = torch_file(name)
-        plan["objects"].append((obj, state))
+        plan["objects"].append((obj, torch_file(name), found.path(name), "registered object"))
     rng = f"random_states_{ctx.process_index}.pt"
-    plan["rng"] = [torch_file(rng)] if found.path(rng).is_file() else []
+    plan["rng"] = None
+    if found.path(rng).is_file() or rng in found.hashes:
+        plan["rng"] = (torch_file(rng), found.path(rng))
+        check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
     return plan
 
 
-def _apply(ctx: RunContext, plan: dict[str, Any]) -> None:
-    """Apply a checked plan. What is cheap to snapshot is restored if a later step still fails."""
-    adapter = ctx.adapter
-    undo: list[tuple[Any, Any]] = []
-    rng_before = adapter.get_rng_state()
+def _apply_undoable(ctx: RunContext, plan: dict[str, Any]) -> tuple[list[tuple[Any, Any]], Exception | None]:
+    """Apply the optimizers, schedulers, scaler, loaders, registered objects and RNG of a checked plan.
+
+    Returns what restores each one (for `_undo`) and the error that stopped it, a
+    `CheckpointError` naming the file; on an error, what was applied is already restored.
+    """
+    undo: list[tuple[Any, Any]] = [(None, ctx.adapter.get_rng_state())]
+    steps = [(opt, state, path, "optimizer") for opt, state, path in plan["optimizers"]] + plan["objects"]
+    if plan["rng"] is not None:
+        steps.append((None, *plan["rng"], "random number generators"))
+    step: tuple[Any, Any, Path, str] | None = None
     try:
-        for opt, state in plan.get("optimizers", []):
+        for step in steps:
+            obj, state, _, what = step
+            if obj is None:
+                ctx.adapter.set_rng_state(state)
+                continue
             # An optimizer's state_dict references its tensors, and loading replaces them rather
-            # than writing into them: the snapshot costs no copy.
-            undo.append((opt, opt.state_dict()))
-            opt.load_state_dict(state)
-        for obj, state in plan["objects"]:
-            undo.append((obj, copy.deepcopy(obj.state_dict())))
+            # than writing into them: its snapshot needs no copy.
+            undo.append((obj, obj.state_dict() if what == "optimizer" else copy.deepcopy(obj.state_dict())))
             obj.load_state_dict(state)
-        # Models last: loading writes into their parameters, which cannot be undone without a
-        # copy of every weight. Their keys and shapes were checked before this point.
-        for model, sd in plan.get("models", []):
-            ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=plan["strict"])
-        for state in plan["rng"]:
-            adapter.set_rng_state(state)
     except Exception as exc:
-        for obj, before in reversed(undo):
+        _undo(ctx, undo)
+        assert step is not None
+        error = CheckpointError(
+            f"Checkpoint file {step[2]} could not be loaded into the {step[3]} ({type(exc).__name__}: {exc}). "
+            "Nothing was loaded: the optimizers, schedulers, data loaders, registered objects and random states "
+            "were restored to their state before the call, and the models were not changed."
+        )
+        error.__cause__ = exc
+        return [], error
+    return undo, None
+
+
+def _undo(ctx: RunContext, undo: list[tuple[Any, Any]]) -> None:
+    for obj, before in reversed(undo):
+        if obj is None:
+            ctx.adapter.set_rng_state(before)
+        else:
             obj.load_state_dict(before)
-        adapter.set_rng_state(rng_before)
-        raise CheckpointError(
-            f"load_state failed while applying the checkpoint ({type(exc).__name__}: {exc}); the optimizers, "
-            "schedulers, data loaders and registered objects were restored to their state before the call."
-        ) from exc

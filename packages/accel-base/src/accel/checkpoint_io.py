@@ -5,8 +5,8 @@
   refused (`UnsafeCheckpointError`) and nothing in it runs.
 - Every writer returns the file's SHA-256. `torch.save` streams through the hash; a
   safetensors file is hashed right after it is written, while it is still in the page cache.
-- A reader given the expected hash reads the file once into memory, hashes those bytes and
-  deserialises the same bytes: verification costs no second read of the disk.
+- A reader given the expected hash deserialises the file while a thread hashes it in chunks:
+  memory never holds a second copy of the file, and the page cache spares a second disk read.
 - Damaged files fail with a `CheckpointError` naming the file and what is wrong.
 """
 
@@ -25,8 +25,7 @@ from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -81,28 +80,43 @@ def _hash_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-sha256")
 
 
-def _read_verified(path: Path, sha256: str | None, parse: Callable[[bytes], Any]) -> Any:
-    """Read `path` once and `parse` its bytes while a thread hashes the same bytes.
+def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any]) -> Any:
+    """`parse(path)` while a thread hashes the same file in 4 MiB chunks.
 
-    hashlib releases the GIL, so verification overlaps deserialisation instead of adding to it.
-    A hash mismatch wins over a parse error: it says more about what happened to the file.
+    Memory holds what `parse` builds and one chunk, never a second copy of the file; the two
+    reads share the page cache, and hashlib and file reads release the GIL, so verification
+    overlaps deserialisation. The file's identity, size and modification time must be the same
+    after both reads: a file replaced or rewritten in between fails instead of loading bytes the
+    hash did not see. A hash mismatch wins over a parse error: it says more about what happened.
     """
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file {path} is missing.")
-    data = path.read_bytes()
-    digest = _hash_pool().submit(lambda: hashlib.sha256(data).hexdigest()) if sha256 is not None else None
+    before = _identity(path)
+    digest = _hash_pool().submit(hash_file, path) if sha256 is not None else None
     try:
-        result, error = parse(data), None
+        result, error = parse(path), None
     except Exception as exc:
         result, error = None, exc
-    if digest is not None and digest.result() != sha256:
-        raise CheckpointError(
-            f"Checkpoint file {path} does not match the SHA-256 recorded when it was saved: it is truncated or "
-            "corrupted, or was changed after saving. Load an earlier checkpoint."
-        ) from error
+    if digest is not None:
+        try:
+            actual = digest.result()
+        except OSError as exc:
+            raise CheckpointError(f"Checkpoint file {path} could not be read ({exc}).") from exc
+        if actual != sha256:
+            raise CheckpointError(
+                f"Checkpoint file {path} does not match the SHA-256 recorded when it was saved: it is truncated or "
+                "corrupted, or was changed after saving. Load an earlier checkpoint."
+            ) from error
+        if _identity(path) != before:
+            raise CheckpointError(f"Checkpoint file {path} changed while it was being read; load it again.")
     if error is not None:
         raise error
     return result
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
@@ -128,9 +142,9 @@ def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu", sha256: 
     """
     path = Path(path)
 
-    def parse(data: bytes) -> Any:
+    def parse(source: Path) -> Any:
         try:
-            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True)
         except Exception as exc:
             text = str(exc)
             # The weights-only unpickler also fails on plain damage ("Unsupported operand");
@@ -181,27 +195,27 @@ def load_safetensors(
     """
     path = Path(path)
 
-    def parse(data: bytes) -> dict[str, torch.Tensor]:
+    def parse(source: Path) -> dict[str, torch.Tensor]:
         try:
-            return load_safetensors_bytes(data)  # type: ignore[no-any-return]
-        except (SafetensorError, OSError, ValueError) as exc:
+            # Each tensor is copied out of the file's mapping once; the mapping itself is the page cache.
+            return load_file(str(source), device=device)  # type: ignore[no-any-return]
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise CheckpointError(
                 f"Checkpoint file {path} is not valid safetensors ({exc}); it is truncated or corrupted."
             ) from exc
 
     tensors = _read_verified(path, sha256, parse)
-    # `safetensors.torch.load` returns its keys in no fixed order; `load_file` sorts them. Every
-    # rank must walk a state dict in the same order (FSDP scatters key by key), so sort here too.
-    return {k: tensors[k] if device == "cpu" else tensors[k].to(device) for k in sorted(tensors)}
+    # Every rank must walk a state dict in the same order (FSDP scatters key by key).
+    return {k: tensors[k] for k in sorted(tensors)}
 
 
 def load_json(path: str | os.PathLike[str], sha256: str | None = None) -> Any:
     """Parse a JSON checkpoint file; any damage (bad bytes, bad UTF-8, bad JSON) is a `CheckpointError` naming it."""
     path = Path(path)
 
-    def parse(data: bytes) -> Any:
+    def parse(source: Path) -> Any:
         try:
-            return json.loads(data.decode("utf-8"))
+            return json.loads(source.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"Checkpoint file {path} is corrupted ({exc}). Load an earlier checkpoint.") from exc
 

@@ -21,9 +21,12 @@ including `<dir>.accel-old` left by a crash between that layout's two renames.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import warnings
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,19 @@ OLD_SUFFIX = ".accel-old"
 """Suffix of the sibling directory those releases left when killed between their two renames."""
 FORMAT_VERSION = 2
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# Names accel writes into a checkpoint that Accelerate's save_state writes too (or an accel
+# checkpoint whose manifest was lost leaves): `seal` replaces such a file when it holds a checkpoint.
+_CHECKPOINT_FILE_RE = re.compile(
+    r"(?:model|optimizer|scheduler)(?:_\d+)?\.(?:safetensors|bin)|scaler\.pt|custom_checkpoint_\d+\.bin"
+    r"|random_states_\d+\.pt|dataloaders\.json"
+)
+_CHECKPOINT_DIR_RE = re.compile(r"pytorch_model_fsdp_\d+|optimizer_\d+")
+# Files only Accelerate writes: never touched, but named when an Accelerate checkpoint is replaced.
+_ACCELERATE_ONLY_RE = re.compile(
+    r"random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|(?:sampler|dl_state_dict)(?:_\d+)?\.bin"
+    r"|pytorch_model(?:_\d+)?\.bin"
+)
 
 
 @dataclass(frozen=True)
@@ -72,9 +88,29 @@ def owned_names(manifest: dict[str, Any]) -> list[str]:
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     manifest = load_json(path)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", []), list):
+    if not isinstance(manifest, dict):
         raise CheckpointError(f"Checkpoint file {path} is corrupted: it is not an accel manifest.")
+    for key in ("files", "rng_files", "strategy_files"):
+        names = manifest.get(key, [])
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise CheckpointError(
+                f"Checkpoint file {path} is corrupted: its {key!r} entry must be a list of file names, got "
+                f"{type(names).__name__}. Load an earlier checkpoint."
+            )
+    hashes = manifest.get("sha256", {})
+    if not (isinstance(hashes, dict) and all(isinstance(v, str) and _SHA256_RE.fullmatch(v) for v in hashes.values())):
+        raise CheckpointError(
+            f"Checkpoint file {path} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, "
+            f"got {_describe(hashes)}. Load an earlier checkpoint."
+        )
     return manifest
+
+
+def _describe(hashes: Any) -> str:
+    if isinstance(hashes, dict):
+        bad = next((k, v) for k, v in hashes.items() if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)))
+        return f"{bad[0]!r}: {str(bad[1])[:80]!r}"
+    return type(hashes).__name__
 
 
 def locate(directory: str | os.PathLike[str]) -> Located | None:
@@ -183,32 +219,79 @@ def _previous(final: Path) -> dict[str, Any]:
 def seal(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     """Check the staged checkpoint may replace what is in `final`, then write its manifest: it is complete.
 
+    A file of the new checkpoint's name that no accel manifest in `final` lists is replaced only
+    when it holds a checkpoint of that kind (as Accelerate's `save_state` writes them, or accel's
+    own files after a lost manifest), with a warning naming it; anything else makes the save fail.
+
     Raises:
-        CheckpointError: a file of the new checkpoint would overwrite a file accel did not write.
+        CheckpointError: a file of the new checkpoint would overwrite a file that is not a checkpoint file.
     """
     theirs = set(owned_names(_previous(final)))
-    foreign = [n for n in owned_names(manifest) if (final / n).exists() and n not in theirs]
+    clashing = sorted(n for n in owned_names(manifest) if (final / n).exists() and n not in theirs)
+    foreign = [n for n in clashing if not holds_a_checkpoint(final / n)]
     if foreign:
         raise CheckpointError(
-            f"save_state would overwrite {', '.join(sorted(foreign))} in {final}, which accel did not write "
-            "(no accel manifest there lists them). Nothing was changed; move those files or choose another output_dir."
+            f"save_state would overwrite {', '.join(foreign)} in {final}, which accel did not write (no accel "
+            "manifest there lists them, and they do not hold a checkpoint). Nothing was changed; move those files "
+            "or choose another output_dir."
+        )
+    if clashing:
+        others = sorted(p.name for p in final.iterdir() if _ACCELERATE_ONLY_RE.fullmatch(p.name))
+        kept = f" Kept as they are, and not part of the new checkpoint: {', '.join(others)}." if others else ""
+        warnings.warn(
+            f"save_state is replacing {', '.join(clashing)} in {final}: checkpoint files that no accel manifest "
+            f"lists (an Accelerate checkpoint, or an accel one whose manifest was lost). Every other file there is "
+            f"kept.{kept}",
+            UserWarning,
+            stacklevel=2,
         )
     save_json(manifest, staging / MANIFEST)
 
 
+def holds_a_checkpoint(path: Path) -> bool:
+    """Whether `path`, named like a file accel writes into a checkpoint, holds a checkpoint of that kind.
+
+    Only headers and archive directories are read: a safetensors header, a `torch.save` zip
+    archive (`.bin`, `.pt`), loader positions (`dataloaders.json`), a sharded checkpoint's
+    `.metadata` or DeepSpeed's `*model_states.pt`. Nothing is unpickled.
+    """
+    name = path.name
+    if path.is_dir():
+        if name == "pytorch_model":
+            return any(path.glob("*model_states.pt"))
+        return bool(_CHECKPOINT_DIR_RE.fullmatch(name)) and (path / ".metadata").is_file()
+    if not (path.is_file() and _CHECKPOINT_FILE_RE.fullmatch(name)):
+        return False
+    try:
+        if name.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if not 2 <= size <= min(path.stat().st_size - 8, 100_000_000):
+                    return False
+                return isinstance(json.loads(f.read(size)), dict)
+        if name.endswith(".json"):
+            states = json.loads(path.read_bytes())
+            return isinstance(states, list) and all(isinstance(s, dict) and "epoch" in s for s in states)
+        with zipfile.ZipFile(path) as archive:
+            return any(n == "data.pkl" or n.endswith("/data.pkl") for n in archive.namelist())
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
 def commit(staging: Path, final: Path) -> None:
     """Replace the previous checkpoint's files in `final` with the sealed staged checkpoint's."""
-    previous = _previous(final)
     replaced = final / REPLACED
     replaced.mkdir()
     if (final / MANIFEST).is_file():
         # The manifest goes first: from here until the new one arrives, the staged checkpoint
         # (complete) is the one a load finds.
         os.replace(final / MANIFEST, replaced / MANIFEST)
-    for name in owned_names(previous):
+    # The previous checkpoint's files, and the unlisted checkpoint files `seal` accepted.
+    new = _read_manifest(staging / MANIFEST)
+    for name in dict.fromkeys([*owned_names(_previous(replaced)), *owned_names(new)]):
         if (final / name).exists():
             os.replace(final / name, replaced / name)
-    _move_up(staging, final, _read_manifest(staging / MANIFEST))
+    _move_up(staging, final, new)
     shutil.rmtree(replaced)
     shutil.rmtree(staging)
 

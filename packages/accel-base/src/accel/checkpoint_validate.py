@@ -72,9 +72,118 @@ def check_mapping(value: Any, path: Path, what: str) -> None:
 
 
 def check_loader_states(value: Any, path: Path) -> None:
-    """`dataloaders.json` is a list of loader states (each a dict; the loader checks its own fields)."""
+    """`dataloaders.json` is a list of loader positions: `epoch` and `batches_yielded` (ints >= 0),
+    `seed` (an int or null) and `epoch_rng` (generator states, base64 text) when present."""
     if not (isinstance(value, list) and all(isinstance(s, dict) for s in value)):
         raise CheckpointError(f"Checkpoint file {path} does not hold data loader positions. Nothing was loaded.")
+    for i, state in enumerate(value):
+        wrong = [key for key in ("epoch", "batches_yielded") if not _count(state.get(key))]
+        if state.get("seed") is not None and not _count(state["seed"]):
+            wrong.append("seed")
+        rng = state.get("epoch_rng")
+        if rng is not None and not (isinstance(rng, dict) and all(_base64(v) for v in rng.values())):
+            wrong.append("epoch_rng")
+        if wrong:
+            raise CheckpointError(
+                f"Checkpoint file {path} does not hold a position for data loader {i}: {', '.join(wrong)} missing or "
+                f"malformed (got {_brief(state)}). Nothing was loaded."
+            )
+
+
+def check_scaler_state(value: Any, live: dict[str, Any], path: Path) -> None:
+    """A grad scaler's state holds every entry the live scaler's has (it reads them all on load)."""
+    check_mapping(value, path, "grad scaler")
+    missing = sorted(set(live) - set(value))
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold a grad scaler state: {_few(missing)} missing. Nothing was loaded."
+        )
+
+
+def check_rng_state(value: Any, live: dict[str, Any], path: Path) -> None:
+    """A random-state file has every generator the live state has, each of the same form.
+
+    The device generators' state is compared only in kind (tensors, a list of tensors, a seed)
+    and only when both sides have one: a checkpoint may move between devices, or between
+    machines that see a different number of them.
+    """
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold random states (got {type(value).__name__}). Nothing was loaded."
+        )
+    missing = sorted(k for k, v in live.items() if k not in value and v is not None)
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold random states: {_few(missing)} missing. Nothing was loaded."
+        )
+    for key, mine in live.items():
+        theirs = value.get(key)
+        if key == "device":
+            if mine is None or theirs is None:
+                continue
+            problem = None if _kind(theirs) == _kind(mine) else f"{_kind(theirs)}, expected {_kind(mine)}"
+        else:
+            problem = _form_difference(theirs, mine)
+        if problem:
+            raise CheckpointError(
+                f"Checkpoint file {path} holds a {key!r} random state of another form ({problem}). Nothing was loaded."
+            )
+
+
+def _kind(state: Any) -> str:
+    """A device RNG state reduced to its kind: a tensor's dtype (not its length), a sequence's element kinds."""
+    if isinstance(state, torch.Tensor):
+        return f"a {state.dtype} tensor"
+    if isinstance(state, (list, tuple)):
+        return f"a sequence of {' or '.join(sorted({_kind(s) for s in state})) or 'nothing'}"
+    return type(state).__name__
+
+
+def _form_difference(saved: Any, live: Any, where: str = "") -> str | None:
+    """Where `saved` differs in form from `live` (container kinds, keys, lengths, tensor dtypes and shapes)."""
+    if isinstance(live, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            return f"{where or 'value'}: a tensor expected, got {type(saved).__name__}"
+        if saved.dtype != live.dtype or saved.shape != live.shape:
+            return f"{where or 'value'}: {saved.dtype} {tuple(saved.shape)}, expected {live.dtype} {tuple(live.shape)}"
+        return None
+    if isinstance(live, dict):
+        if not isinstance(saved, dict) or set(saved) != set(live):
+            return f"{where or 'value'}: keys {_brief(saved)}, expected {sorted(live)}"
+        return next((p for k in live if (p := _form_difference(saved[k], live[k], f"{where}[{k!r}]"))), None)
+    if isinstance(live, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(live):
+            return f"{where or 'value'}: {_brief(saved)}, expected a sequence of {len(live)}"
+        return next(
+            (p for i, (a, b) in enumerate(zip(saved, live)) if (p := _form_difference(a, b, f"{where}[{i}]"))), None
+        )
+    if isinstance(live, (int, float)) and not isinstance(live, bool):
+        ok = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+        return None if ok else f"{where or 'value'}: a number expected, got {type(saved).__name__}"
+    if isinstance(live, str) and not isinstance(saved, str):
+        return f"{where or 'value'}: text expected, got {type(saved).__name__}"
+    return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _base64(value: Any) -> bool:
+    import base64
+    import binascii
+
+    try:
+        return isinstance(value, str) and bool(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(map(repr, list(value)[:6])) + (", ..." if len(value) > 6 else "") + "}"
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"a tensor {tuple(value.shape)}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _few(items: list[str], limit: int = 5) -> str:

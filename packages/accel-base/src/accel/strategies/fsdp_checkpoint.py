@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import checkpoint as ckpt
+from ..checkpoint_validate import check_model_state, check_optimizer_state
 from ..compile import strip_compile
 from ..errors import CheckpointError, UnsafeCheckpointError
 
@@ -130,43 +131,146 @@ def save_models_and_optimizers(
 def load_models_and_optimizers(prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> None:
     """Restore what `save_models_and_optimizers` wrote (full or sharded, whichever is on disk).
 
+    In three phases, each finished on every rank before the next starts: every file (of a
+    sharded folder: its metadata) is read and checked against the live models and optimizers;
+    sharded folders are read into copies of the live shards; only then is anything applied. A
+    failure in the first two phases raises on every rank and leaves every model and optimizer
+    as it was.
+
     Raises:
-        CheckpointError: a missing, truncated or corrupted file or shard folder (named).
+        CheckpointError: a missing, truncated or corrupted file or shard folder, or one that does
+            not fit the model or optimizer (a missing or unexpected key, a tensor or optimizer
+            state of another shape), naming it.
         UnsafeCheckpointError: a file that would need arbitrary code to load.
     """
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    what = f"load_state({directory})"
+    plan = ckpt.run_on_every_rank(ctx, lambda: _read_and_check(prepared, directory, strict), what)
+    # Reading an optimizer's sharded state initialises a fresh optimizer's state (torch's
+    # get_optimizer_state_dict takes a zero step); a failed read must not leave that behind.
+    fresh = [entry["inner"] for entry in plan["optimizers"] if not entry["inner"].state]
+    try:
+        ckpt.run_on_every_rank(ctx, lambda: _read_shards(plan), what)
+    except Exception:
+        for inner in fresh:
+            inner.state.clear()
+        raise
+    _apply(ctx, plan, strict)
 
+
+def _read_and_check(prepared: Prepared, directory: Path, strict: bool) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    plan: dict[str, Any] = {"models": [], "optimizers": []}
+    shapes: dict[int, dict[str, Any]] = {}
     for i, model in enumerate(prepared.models):
+        module = strip_compile(model)
+        # Sharded: the live shards themselves (DTensors; `.shape` is the global shape), no copy.
+        live = get_model_state_dict(module)
+        shapes[id(model)] = live
         folder = directory / f"pytorch_model_fsdp_{i}"
         if folder.is_dir() and _is_fsdp(model):
-            model_target: dict[str, Any] = {"model": get_model_state_dict(model)}
-            _dcp_load(model_target, folder)
-            set_model_state_dict(model, model_target["model"], options=_options(strict=strict))
+            saved = _saved_tensors(folder, "model.")
+            check_model_state(live, saved, folder / ".metadata", strict=strict)
+            plan["models"].append(
+                {"model": model, "folder": folder, "live": {k: v for k, v in live.items() if k in saved}}
+            )
             continue
         path = directory / _file("model", i, "safetensors")
-        state_dict = (
-            ckpt.load_safetensors(path) if path.is_file() else ckpt.load_torch(directory / _file("model", i, "bin"))
-        )
-        ctx.strategy.load_full_state_dict(strip_compile(model), state_dict, strict=strict)
+        if not path.is_file():
+            path = directory / _file("model", i, "bin")
+            state_dict = ckpt.load_torch(path)
+        else:
+            state_dict = ckpt.load_safetensors(path)
+        check_model_state(live, state_dict, path, strict=strict)
+        plan["models"].append({"model": model, "state": state_dict})
     for i, opt in enumerate(prepared.optimizers):
         inner = _inner(opt)
         owner = _owner(inner, prepared.models)
         folder = directory / f"optimizer_{i}"
+        entry = {"opt": opt, "inner": inner, "owner": owner}
         if owner is not None and folder.is_dir():
-            optim_target: dict[str, Any] = {"optimizer": get_optimizer_state_dict(owner, inner)}
-            _dcp_load(optim_target, folder)
-            set_optimizer_state_dict(owner, inner, optim_target["optimizer"])
+            _check_sharded_optimizer(_saved_tensors(folder, "optimizer.state."), shapes[id(owner)], folder)
+            plan["optimizers"].append({**entry, "folder": folder})
             continue
-        state = ckpt.load_torch(directory / _file("optimizer", i, "bin"), map_location="cpu")
-        if owner is None:
-            opt.load_state_dict(state)
+        path = directory / _file("optimizer", i, "bin")
+        state = ckpt.load_torch(path, map_location="cpu")
+        check_optimizer_state(inner, state, path)
+        plan["optimizers"].append({**entry, "state": state})
+    return plan
+
+
+def _saved_tensors(folder: Path, prefix: str) -> dict[str, Any]:
+    """The entries under `prefix` of a sharded checkpoint's metadata: tensors as meta tensors of the saved shape."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = _safe_reader(folder).read_metadata()
+    return {
+        key[len(prefix) :]: torch.empty(item.size, device="meta") if isinstance(item, TensorStorageMetadata) else item
+        for key, item in metadata.state_dict_metadata.items()
+        if key.startswith(prefix)
+    }
+
+
+def _check_sharded_optimizer(saved: dict[str, Any], params: dict[str, Any], folder: Path) -> None:
+    """Each saved state (`<parameter>.<name>`) belongs to a parameter of the model; one shaped like it matches it."""
+    for key, value in saved.items():
+        fqn, _, name = key.rpartition(".")
+        param = params.get(fqn)
+        if param is None:
+            raise CheckpointError(
+                f"Sharded checkpoint {folder} does not fit the optimizer: it holds state {name!r} for {fqn!r}, which "
+                "the model does not have. Nothing was loaded."
+            )
+        if isinstance(value, torch.Tensor) and value.dim() == param.dim() > 0 and value.shape != param.shape:
+            raise CheckpointError(
+                f"Sharded checkpoint {folder} does not fit the optimizer: state {name!r} of {fqn!r} has shape "
+                f"{tuple(value.shape)}, the parameter {tuple(param.shape)}. Nothing was loaded."
+            )
+
+
+def _copy(tree: Any) -> Any:
+    """`tree` with every tensor copied (a DTensor stays a DTensor, sharded the same way)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _copy(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copy(v) for v in tree]
+    return tree
+
+
+def _read_shards(plan: dict[str, Any]) -> None:
+    """Read every sharded folder into copies of the live shards (torch.distributed.checkpoint reads in place)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    for entry in plan["models"]:
+        if "folder" in entry:
+            target = {"model": _copy(entry.pop("live"))}
+            _dcp_load(target, entry["folder"])
+            entry["state"] = target["model"]
+    for entry in plan["optimizers"]:
+        if "folder" in entry:
+            target = {"optimizer": _copy(get_optimizer_state_dict(entry["owner"], entry["inner"]))}
+            _dcp_load(target, entry["folder"])
+            entry["state"] = target["optimizer"]
+
+
+def _apply(ctx: RunContext, plan: dict[str, Any], strict: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    for entry in plan["models"]:
+        if "folder" in entry:
+            set_model_state_dict(entry["model"], entry["state"], options=_options(strict=strict))
         else:
-            set_optimizer_state_dict(owner, inner, state, options=_options(full_state_dict=True))
+            ctx.strategy.load_full_state_dict(strip_compile(entry["model"]), entry["state"], strict=strict)
+    for entry in plan["optimizers"]:
+        if entry["owner"] is None:
+            entry["opt"].load_state_dict(entry["state"])
+        else:
+            full = "folder" not in entry
+            set_optimizer_state_dict(
+                entry["owner"], entry["inner"], entry["state"], options=_options(full_state_dict=full)
+            )
 
 
 # ---- torch.distributed.checkpoint without unrestricted pickle -------------------------------
