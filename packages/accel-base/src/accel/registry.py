@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -160,14 +161,33 @@ def select_adapter(requested: str | None = None, *, emulate: bool = False) -> ty
 
 
 _WARNED: set[str] = set()
+REPORTED_VARIABLE = "ACCEL_BROKEN_ADAPTERS_REPORTED"
+"""Set by the process that reported broken adapter plugins (`<pid>:<name>,<name>`): the workers
+`accel launch` starts from it inherit it and stay quiet about those plugins."""
+
+
+def _reported_by_launcher() -> set[str]:
+    """The broken plugins this process's launcher already reported (empty unless this is a launched worker)."""
+    pid, _, names = os.environ.get(REPORTED_VARIABLE, "").partition(":")
+    # Only a launched worker (LOCAL_RANK set) whose parent made the report: another program started from a
+    # process that reported (a test, a user script running `accel launch`) still says it once.
+    if "LOCAL_RANK" not in os.environ or not pid.isdigit() or int(pid) != os.getppid():
+        return set()
+    return {name for name in names.split(",") if name}
 
 
 def _warn_broken(chosen: str) -> None:
-    """Say once per process that an installed adapter plugin could not load: automatic selection
-    skipped it, which would otherwise look like its hardware being absent."""
+    """Say once per launch that an installed adapter plugin could not load: automatic selection
+    skipped it, which would otherwise look like its hardware being absent. Once per process, and
+    not in the workers of an `accel launch` that said it already."""
     broken = {name: err for name, err in broken_adapters().items() if name not in _WARNED}
+    if not broken:
+        return
+    _WARNED.update(broken)
+    said = _reported_by_launcher()
+    os.environ[REPORTED_VARIABLE] = f"{os.getpid()}:{','.join(sorted(_WARNED))}"  # for the workers we start
+    broken = {name: err for name, err in broken.items() if name not in said}
     if broken:
-        _WARNED.update(broken)
         listed = "; ".join(f"{name!r}: {err}" for name, err in sorted(broken.items()))
         # A log record, not a Python warning: one line on stderr (through logging's last-resort
         # handler when nothing is configured), and no effect on code that turns warnings into errors.
