@@ -449,3 +449,37 @@ def test_a_dummy_optimizer_with_a_torch_scheduler_is_refused_as_accelerate_does(
     ):
         _scheduler_argument({"optimizer": {}}, torch_sched, None, dummy)
     assert _scheduler_argument({}, torch_sched, None, None) is torch_sched
+
+
+def test_zero3_init_flag_resolves_as_accelerate_does():
+    # Accelerate: unset means "on under ZeRO-3"; on under another stage is turned off with its warning.
+    assert DeepSpeedPlugin(zero_stage=3).zero3_init_flag is True
+    assert DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}}).is_zero3_init_enabled()
+    assert DeepSpeedPlugin(zero_stage=2).zero3_init_flag is False
+    assert DeepSpeedPlugin(zero_stage=3, zero3_init_flag=False).zero3_init_flag is False
+    with pytest.warns(UserWarning, match=r"^DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3\. Setting"):
+        plugin = DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    assert plugin.zero3_init_flag is False
+
+
+def test_transformers_sees_zero3_only_while_the_flag_is_on():
+    # What transformers' `is_deepspeed_zero3_enabled()` asks the registered object.
+    strategy = DeepSpeedStrategy(DeepSpeedPlugin(zero_stage=3))
+    awareness = strategy.zero3_awareness
+    assert awareness.is_zero3()
+    with strategy.plugin.zero3_init_context_manager(enable=False):
+        assert not awareness.is_zero3()
+    assert awareness.is_zero3()
+    assert not DeepSpeedStrategy(DeepSpeedPlugin(zero_stage=3, zero3_init_flag=False)).zero3_awareness.is_zero3()
+    with (
+        pytest.raises(ValueError, match="zero3 init needs ZeRO stage 3"),
+        DeepSpeedPlugin().zero3_init_context_manager(enable=True),
+    ):
+        pass
+    # The config handed to deepspeed.zero.Init: stage 3, the run's 16-bit dtype, parameter offload from the config.
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+    assert DeepSpeedStrategy(plugin)._zero_init_config("bf16") == {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+        "bf16": {"enabled": True},
+    }

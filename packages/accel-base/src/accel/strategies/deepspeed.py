@@ -192,6 +192,45 @@ class DeepSpeedSchedulerWrapper:
         self.scheduler.load_state_dict(state_dict)
 
 
+class ZeRO3Awareness:
+    """What transformers' DeepSpeed hook reads (an `HfDeepSpeedConfig` stand-in that needs no
+    Accelerate): `is_zero3()` says whether models are built partitioned, `config` is the
+    DeepSpeed config transformers hands to `deepspeed.zero.Init` in `from_pretrained`/`from_config`.
+
+    transformers keeps only a weak reference: the strategy holds this object for the Accelerator's life.
+    """
+
+    def __init__(self, strategy: DeepSpeedStrategy) -> None:
+        self.strategy = strategy
+
+    def is_zero3(self) -> bool:
+        return self.strategy.plugin.is_zero3_init_enabled()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        # Asked by transformers right before `deepspeed.zero.Init`: DeepSpeed joins the
+        # Accelerator's process group (and device) first, as for `zero3_init`.
+        from ..state import AcceleratorState, PartialState, is_initialized
+
+        state = PartialState()
+        self.strategy._device_type = state.device.type
+        self.strategy._init_distributed(state.backend)
+        mixed = AcceleratorState().mixed_precision if is_initialized() else "no"
+        return self.strategy._zero_init_config(mixed)
+
+
+def register_zero3_awareness(awareness: ZeRO3Awareness) -> bool:
+    """Hand `awareness` to transformers' DeepSpeed hook; False when transformers is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return False
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    hf_deepspeed.set_hf_deepspeed_config(awareness)
+    return True
+
+
 class DeepSpeedStrategy(Strategy):
     """Train through a DeepSpeed engine. Config: a `DeepSpeedPlugin`, a config dict, or a path."""
 
@@ -213,6 +252,10 @@ class DeepSpeedStrategy(Strategy):
         self._accumulation_steps: int | None = None
         self._warned_clipping = False
         self._device_type = "cpu"
+        # ZeRO-3 aware construction of transformers models (zero3_init_flag); kept alive here.
+        self.zero3_awareness = ZeRO3Awareness(self)
+        if self.plugin.zero_stage_resolved == 3:
+            register_zero3_awareness(self.zero3_awareness)
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from ..distributed_type import DistributedType
@@ -406,13 +449,20 @@ class DeepSpeedStrategy(Strategy):
             raise ValueError(f"zero3_init needs ZeRO stage 3; this DeepSpeedPlugin resolves to stage {stage}.")
         self._device_type = accelerator.device.type
         deepspeed = self._init_distributed(accelerator.adapter.backend)
-        config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
-        if accelerator.mixed_precision in ("bf16", "fp16"):
-            config[accelerator.mixed_precision] = {"enabled": True}
-        offload = self.plugin.offload_param_device
-        if offload not in (None, "none"):
-            config["zero_optimization"]["offload_param"] = {"device": offload}
+        config = self._zero_init_config(accelerator.mixed_precision)
         return deepspeed.zero.Init(config_dict_or_path=config, enabled=enabled)  # type: ignore[no-any-return]
+
+    def _zero_init_config(self, mixed_precision: str) -> dict[str, Any]:
+        """The config `deepspeed.zero.Init` partitions with: stage 3, the run's 16-bit dtype, parameter offload."""
+        config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+        if mixed_precision in ("bf16", "fp16"):
+            config[mixed_precision] = {"enabled": True}
+        offload = self.plugin.offload_param_device
+        if offload is None:
+            offload = self.plugin.user_config.get("zero_optimization", {}).get("offload_param", {}).get("device")
+        if offload not in (None, "none", "auto"):
+            config["zero_optimization"]["offload_param"] = {"device": offload}
+        return config
 
 
 def verify_engine_checkpoint(directory: Path) -> None:

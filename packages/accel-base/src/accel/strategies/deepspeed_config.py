@@ -7,10 +7,12 @@ value the engine sees; docs/deepspeed.md has the precedence as a table.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +60,13 @@ class DeepSpeedPlugin:
     """Directory for optimizer state when `offload_optimizer_device="nvme"`."""
     offload_param_nvme_path: str | None = None
     """Directory for parameters when `offload_param_device="nvme"`."""
-    zero3_init_flag: bool = False
-    """Build models inside `Accelerator.strategy.zero3_init()` sharded from the start (ZeRO-3):
-    a model larger than one process's memory never exists whole."""
+    zero3_init_flag: bool | None = None
+    """ZeRO-3 aware model construction. When on (the default under ZeRO stage 3, as in
+    Accelerate), `transformers` models built after the Accelerator (`from_pretrained`,
+    `from_config`) are partitioned over the processes as they are built, through transformers'
+    DeepSpeed hook (what `HfDeepSpeedConfig` registers); any other model can be built inside
+    `accelerator.strategy.zero3_init(accelerator)`. A model larger than one process's memory then
+    never exists whole. True under another stage is turned off with a warning (Accelerate's)."""
     zero3_save_16bit_model: bool | None = None
     """ZeRO-3 `save_model`: gather the weights in the training dtype (16-bit under bf16/fp16).
     Sets `stage3_gather_16bit_weights_on_model_save`. Default True."""
@@ -79,6 +85,36 @@ class DeepSpeedPlugin:
         if self.gradient_clipping is not None and self.gradient_clipping < 0:
             raise ValueError(f"gradient_clipping must be >= 0; got {self.gradient_clipping}.")
         self.user_config = load_config(self.hf_ds_config)
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = self.zero_stage_resolved == 3
+        elif self.zero3_init_flag and self.zero_stage_resolved != 3:
+            warnings.warn(
+                "DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it to False.", stacklevel=3
+            )
+            self.zero3_init_flag = False
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Whether models are partitioned as they are built (`zero3_init_flag`, resolved)."""
+        return bool(self.zero3_init_flag)
+
+    @contextlib.contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Turn ZeRO-3 aware construction on or off inside the context (Accelerate's), e.g. to
+        build a small reference model whole: `with plugin.zero3_init_context_manager(enable=False):`.
+
+        Raises:
+            ValueError: `enable=True` under a ZeRO stage other than 3.
+        """
+        if enable and self.zero_stage_resolved != 3:
+            raise ValueError(
+                f"zero3 init needs ZeRO stage 3; this DeepSpeedPlugin resolves to stage {self.zero_stage_resolved}."
+            )
+        old = self.zero3_init_flag
+        self.zero3_init_flag = enable
+        try:
+            yield
+        finally:
+            self.zero3_init_flag = old
 
     @property
     def maps_client_optimizer(self) -> bool:
