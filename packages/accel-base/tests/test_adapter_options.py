@@ -224,7 +224,7 @@ def test_adapter_launch_flags_come_from_its_options_class() -> None:
 
 def test_an_adapter_without_options_refuses_them() -> None:
     assert Adapter().config is None
-    with pytest.raises(ValueError, match="adapter takes no options"):
+    with pytest.raises(AdapterOptionsError, match="adapter takes no options"):
         Adapter(options={"fused": True})
 
 

@@ -82,3 +82,24 @@ def test_a_replacement_with_other_groups_is_refused(monkeypatch: pytest.MonkeyPa
     opt = torch.optim.SGD(model.parameters(), lr=0.004)
     with pytest.raises(ValueError, match="has 2 parameter groups, the original 1: its scheduler cannot follow it"):
         accelerator.prepare(model, opt, _warmup(opt))
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_scheduler_follows_an_optimizer_a_strategy_replaced(monkeypatch: pytest.MonkeyPatch, together: bool) -> None:
+    from accel.strategies.base import Strategy
+
+    monkeypatch.setattr(Strategy, "prepare_optimizer", _replace)
+    accelerator = Accelerator()
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.004)
+    sched = _warmup(opt)
+    if together:
+        model, opt, sched = accelerator.prepare(model, opt, sched)
+    else:
+        model, opt = accelerator.prepare(model, opt)
+        sched = accelerator.prepare(sched)
+    assert isinstance(opt.optimizer, Fused)
+    for step in range(5):
+        reported, used = _trained_lr(model, opt, sched, accelerator)
+        assert reported == pytest.approx(0.004 * min(1.0, (step + 1) / 4))
+        assert used == pytest.approx(reported, rel=1e-4), step

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from accel import Accelerator
-from accel.errors import AccelError, StrategyNotSupportedError
+from accel.adapter_options import AdapterOptionsError
+from accel.errors import AccelError, AdapterNotFoundError, StrategyNotFoundError, StrategyNotSupportedError
 
 
 def test_a_strategy_the_adapter_does_not_claim_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,5 +32,14 @@ def test_the_adapter_names_the_default_strategy(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_options_for_an_adapter_without_options_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"The 'cpu' adapter takes no options; got adapter_options=\{'fp8': True\}"):
+    with pytest.raises(
+        AdapterOptionsError, match=r"The 'cpu' adapter takes no options; got adapter_options=\{'fp8': True\}"
+    ):
         Accelerator(adapter_options={"fp8": True})
+
+
+def test_a_missing_strategy_has_its_own_error_not_the_adapters() -> None:
+    with pytest.raises(StrategyNotFoundError, match=r"No accel strategy named 'nope'\. Installed strategies: ") as info:
+        Accelerator(strategy="nope")
+    assert isinstance(info.value, AccelError) and isinstance(info.value, ValueError)
+    assert not isinstance(info.value, AdapterNotFoundError)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .adapter_options import AdapterOptions
+from .adapter_options import AdapterOptions, AdapterOptionsError
 from .distributed_type import DistributedType
 
 if TYPE_CHECKING:
@@ -110,11 +110,11 @@ class Adapter:
         with `options_class` into `self.config` (an adapter without one may parse them in its own `__init__`).
 
         Raises:
-            ValueError: options given to an adapter that takes none.
-            accel.adapter_options.AdapterOptionsError: an unknown option or a value it cannot take.
+            accel.adapter_options.AdapterOptionsError: options given to an adapter that takes none, an
+                unknown option, or a value it cannot take (a `ValueError`).
         """
         if options and self.options_class is None and type(self).__init__ is Adapter.__init__:
-            raise ValueError(
+            raise AdapterOptionsError(
                 f"The {self.name!r} adapter takes no options; got adapter_options={dict(options)!r}. "
                 "Remove them, or select the adapter they belong to."
             )

@@ -23,7 +23,7 @@ from .commands.launch import (
 )
 from .commands.launch import launch_parser as _launch_parser
 from .config_file import ConfigError
-from .errors import AdapterNotFoundError, AdapterUnavailableError, CheckpointError
+from .errors import AdapterNotFoundError, AdapterUnavailableError, CheckpointError, StrategyNotFoundError
 
 __all__ = [
     "ACCEL_FLAGS_TO_ENV",
@@ -36,7 +36,14 @@ __all__ = [
     "worker_env",
 ]
 
-USER_ERRORS = (UsageError, ConfigError, SettingError, AdapterNotFoundError, AdapterUnavailableError)
+USER_ERRORS = (
+    UsageError,
+    ConfigError,
+    SettingError,
+    AdapterNotFoundError,
+    StrategyNotFoundError,
+    AdapterUnavailableError,
+)
 
 
 def _env(argv: Sequence[str]) -> int:

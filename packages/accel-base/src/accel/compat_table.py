@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .errors import AccelError
+
 _BIG_MODEL = (
     "big-model inference (device maps, offloading, quantized loading) is outside accel's scope: load with "
     "transformers' `from_pretrained(device_map=...)` or keep using the peer library's big_modeling for inference"
@@ -91,7 +93,7 @@ REASONS: dict[str, str] = {
 }
 
 
-class AccelerateNameError(AttributeError):
+class AccelerateNameError(AccelError, AttributeError):
     """A name of the peer library that accel does not provide; the message says why and what to use."""
 
 

@@ -8,10 +8,10 @@ class AccelError(Exception):
 
 
 class AdapterNotFoundError(AccelError, ValueError):
-    """No installed adapter (or strategy) has the requested name, or it failed to load."""
+    """No installed adapter has the requested name, or it failed to load."""
 
 
-class StrategyNotFoundError(AdapterNotFoundError):
+class StrategyNotFoundError(AccelError, ValueError):
     """No installed strategy has the requested name, or it failed to load."""
 
 

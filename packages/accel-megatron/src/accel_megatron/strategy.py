@@ -35,6 +35,7 @@ class MegatronStrategy(Strategy):
     """Megatron-core parallelism, configured by a `MegatronPlugin`."""
 
     name: ClassVar[str] = "megatron"
+    rebuilds_schedulers: ClassVar[bool] = True  # megatron-core's OptimizerParamScheduler, in prepare_scheduler
 
     def __init__(self, config: Any = None) -> None:
         if config is None:

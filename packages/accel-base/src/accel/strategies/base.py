@@ -112,8 +112,13 @@ class Strategy:
         user's setting stands."""
         return None
 
+    rebuilds_schedulers: ClassVar[bool] = False
+    """True for a strategy whose `prepare_scheduler` builds its own scheduler over the optimizer it
+    returned from `prepare_optimizer`; otherwise the core points the user's schedulers at it."""
+
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
-        """Return the optimizer to train with (a new one is fine: schedulers follow it)."""
+        """Return the optimizer to train with. A new one is fine: schedulers built on the original,
+        before or after `prepare`, follow it (unless `rebuilds_schedulers`)."""
         return optimizer
 
     def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
