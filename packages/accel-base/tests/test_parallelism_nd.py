@@ -167,6 +167,24 @@ def ram_efficient_loading(out):
     local = model.embed.weight.to_local()
     torch.manual_seed(0)
     assert torch.equal(local, Net().embed.weight[acc.process_index * 8 : (acc.process_index + 1) * 8])
+    # Ranks > 0 build on the meta device (the memory-saving form): not placed, their shards filled from rank 0.
+    AcceleratorState._reset_state(); GradientState._reset_state()
+    acc = Accelerator(fsdp_plugin=FSDPConfig(cpu_ram_efficient_loading=True))
+    torch.manual_seed(0)
+    if acc.is_main_process:
+        model = Net()
+    else:
+        with torch.device("meta"):
+            model = Net()
+    model, opt = acc.prepare(model, make_opt(model.parameters()))
+    torch.manual_seed(0)
+    full = Net()
+    for name, p in model.named_parameters():
+        assert not p.is_meta and torch.equal(p.full_tensor(), dict(full.named_parameters())[name]), name
+    x, y = batch(0)
+    acc.backward(loss_fn(model(x), y))
+    opt.step()
+    assert all(not s.is_meta for st in opt.state.values() for s in st.values() if torch.is_tensor(s))
     acc.print("OK ram")
 
 def bf16(name, pc):

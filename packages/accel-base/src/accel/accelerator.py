@@ -26,7 +26,7 @@ from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
 from .compile import strip_compile, unwrap_through
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
-from .errors import CheckpointError, StrategyNotSupportedError
+from .errors import CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -531,6 +531,9 @@ class Accelerator(AcceleratorCompatMixin):
         if device_placement is None:
             device_placement = self.device_placement
         device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
+        if device_placement and getattr(self.strategy, "materialises_meta_models", False):
+            # A model built on the meta device (ranks > 0 under cpu_ram_efficient_loading): the strategy fills it.
+            device_placement = not any(p.is_meta for p in model.parameters())
         before = ParameterMap.snapshot(model)
         paired = self._paired_optimizers.get(id(model), ())
         prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode, paired))
@@ -1076,6 +1079,8 @@ def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch
 
 def _accumulation_steps(steps: Any) -> int:
     """`gradient_accumulation_steps`, or `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set: an int >= 1."""
+    if isinstance(steps, float) and steps.is_integer():
+        steps = int(steps)  # 2.0 means 2 (Accelerate takes it); 2.5 is refused below
     check_positive_int(steps, "gradient_accumulation_steps", hint="Pass a whole number of micro-batches, e.g. 2.")
     env = os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", "")
     if not env.strip():
@@ -1085,9 +1090,12 @@ def _accumulation_steps(steps: Any) -> int:
     except ValueError:
         value = 0
     if value < 1:
+        # `accelerate launch` sets Accelerate's name; accel maps it onto its own: name the one the user set.
+        accelerate_name = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+        name = accelerate_name if os.environ.get(accelerate_name) == env else "ACCEL_GRADIENT_ACCUMULATION_STEPS"
         raise ValueError(
-            f"ACCEL_GRADIENT_ACCUMULATION_STEPS={env!r} is not an int >= 1. Set it to the number of micro-batches "
-            "per optimizer step (for example ACCEL_GRADIENT_ACCUMULATION_STEPS=4), or unset it."
+            f"{name}={env!r} is not an int >= 1. Set it to the number of micro-batches "
+            f"per optimizer step (for example {name}=4), or unset it."
         )
     return value
 
@@ -1096,7 +1104,7 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
     found: dict[type, Any] = {}
     for handler in handlers:
         if not isinstance(handler, KwargsHandler):
-            raise TypeError(
+            raise UnsupportedHandlerError(
                 f"Unsupported kwargs handler passed: {handler!r}, must be one that inherits `accel.kwargs.KwargsHandler`"
                 f"{_HANDLER_HINTS.get(type(handler).__name__, '')}."
             )
