@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -252,6 +252,59 @@ def test_the_contract_reference_is_current() -> None:
     for hook in ("set_device", "before_process_group", "process_group_options", "barrier", "no_sync", "describe"):
         assert f"| `{hook}` |" in text
     assert "| `launch_args` |" in text and "| `emulation_models` |" in text
+    adapter_rows = text.split("## `Adapter`")[1].split("## Optional hooks")[0].splitlines()
+    rows = [r for r in adapter_rows if r.startswith("| `")]
+    assert len(rows) >= 58
+    for row in rows:  # every member says when it runs (or who reads it); every method its base behaviour
+        assert "**Runs from:**" in row or "**Read by:**" in row, row
+        if "**Runs from:**" in row:
+            assert "**Base:**" in row, row
+    assert "| `decision_record` | `decision_record(self, model: torch.nn.Module" in text
+    context = text.split("## `PrepareContext`")[1].split("## `AdapterConformanceSuite` options")[0]
+    assert "`accelerator.Accelerator._context`" in context and "`prepare_model` (from" in context
+    for field in ("device", "strategy", "precision", "optimizers", "kwargs_handlers"):
+        assert f"| `{field}` |" in context
+
+
+def test_the_kit_check_column_comes_from_the_suite_declarations() -> None:
+    """Each declared member exists (on Adapter or as an optional hook) and each declared check is a worker check."""
+    from accel.testing import checks_models, checks_vendor  # noqa: F401  (register their checks)
+    from accel.testing.checks import CHECKS
+    from accel.testing.suite import AdapterConformanceSuite, declared_kit_checks
+
+    declared = declared_kit_checks()
+    members = set(vars(Adapter)) | {"decision_record"}
+    assert set(declared) <= members, set(declared) - members
+    assert "test_vendor_device_made_current_before_process_group" in declared["set_device"]
+    assert declared["clip_grad_norm_"] == ["test_clip_grad_norm_matches_direct_computation"]
+    for value in vars(AdapterConformanceSuite).values():
+        function = value.__func__ if isinstance(value, classmethod) else value
+        check, _ = getattr(function, "__accel_kit_checks__", ("process_state", ()))
+        assert check in CHECKS, check
+
+
+def test_when_it_runs_and_the_default_are_read_from_the_code() -> None:
+    from accel.testing.contract_doc import base_behaviour, call_sites
+
+    sites = call_sites({"before_process_group", "place_model", "default_strategy", "priority"})
+    assert sites["before_process_group"] == {"state.PartialState._init_process_group"}
+    assert sites["place_model"] == {"adapter.Adapter.prepare_model"}
+    assert "state.AcceleratorState.__init__" in sites["default_strategy"]  # through `chosen = self._partial.adapter`
+    assert "registry.select_adapter" in sites["priority"]  # the registry's `c.priority`
+
+    def nothing(self: Any) -> None:
+        """Docstring only."""
+
+    def one(self: Any, x: int) -> int:
+        return x + 1
+
+    def raises(self: Any) -> None:
+        raise NotImplementedError("no")
+
+    assert base_behaviour(nothing) == "does nothing"
+    assert base_behaviour(one) == "returns `x + 1`"
+    assert base_behaviour(raises) == "raises `NotImplementedError`"
+    assert "calling the vendor module's `set_rng_state`" in base_behaviour(Adapter.set_device_rng_state)
 
 
 def test_the_reusable_kit_workflow_is_validated() -> None:
@@ -273,3 +326,16 @@ def test_the_reusable_kit_workflow_is_validated() -> None:
     job["steps"] = [s for s in job["steps"] if "upload-artifact" not in str(s.get("uses", ""))]
     found = "\n".join(validate.adapter_kit_problems(workflow))
     assert "needs 'adapter'" in found and "ACCEL_KIT_REQUIRE_HARDWARE=1" in found and "uploads no report" in found
+
+
+def test_decision_record_reads_flags_set_on_a_param_group() -> None:
+    """A vendor that switches a fused kernel per parameter group (`group["fused"] = True`) is compared too."""
+    from accel.testing import decision_record
+
+    model = torch.nn.Linear(2, 2)
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    grouped = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    grouped.param_groups[0]["fused"] = True
+    a, b = decision_record(model, plain), decision_record(model, grouped)
+    assert a["optimizer_flags"] == {"fused": None, "foreach": None, "capturable": False}
+    assert b["optimizer_flags"] == {**a["optimizer_flags"], "group0.fused": True}

@@ -6,7 +6,7 @@ Registered in `accel.testing.checks.CHECKS` like the training checks; see that m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -180,10 +180,28 @@ def decision_record(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is not None:
         inner = getattr(optimizer, "optimizer", optimizer)
         record["optimizer"] = type(inner).__qualname__
+        # A flag set per parameter group (`group["fused"] = True`) counts as much as the constructor's.
         record["optimizer_flags"] = {
             k: inner.defaults.get(k) for k in ("fused", "foreach", "capturable") if k in inner.defaults
         }
+        for i, group in enumerate(inner.param_groups):
+            for k in ("fused", "foreach", "capturable"):
+                if k in group and group[k] != inner.defaults.get(k):
+                    record["optimizer_flags"][f"group{i}.{k}"] = group[k]
     return record
+
+
+class AdapterDecisionRecord(Protocol):
+    """An optional adapter hook the conformance kit reads (no base implementation in `Adapter`)."""
+
+    def decision_record(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        """The adapter's own decisions about a prepared model and optimizer, as JSON values (a vendor
+        layer's mode, a fused kernel's switch, how many layers were swapped). Called by the kit's
+        emulation-decision check after `prepare_model`/`prepare_optimizer`, once through the emulated
+        adapter and once through its `hardware_twin`; the two results must be equal. Default: not
+        defined, and the record holds only the kit's own entries (parameter dtypes and memory formats,
+        optimizer class and flags)."""
+        ...
 
 
 def load_factory(path: str) -> Any:

@@ -3,9 +3,11 @@
     python -m accel.testing.contract_doc docs/adapter_contract.md          # write it
     python -m accel.testing.contract_doc docs/adapter_contract.md --check  # exit 1 if it is stale
 
-Every public hook and class attribute of `accel.adapter.Adapter` (signature, docstring, whether
-the base does something), what the conformance kit checks about it, and the options of
-`AdapterConformanceSuite`. A test in accel-base runs `--check`, so the page cannot drift.
+Every public hook and class attribute of `accel.adapter.Adapter` (signature, docstring, the core
+functions that call it and what the base implementation does, both read from the code), the suite
+tests that judge it (their `kit_checks` declarations), the optional hooks the kit reads, the
+`PrepareContext` handed to the prepare hooks, and the options of `AdapterConformanceSuite`. A test in
+accel-base runs `--check`, so the page cannot drift.
 """
 
 from __future__ import annotations
@@ -13,43 +15,29 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from ..adapter import Adapter
 
-KIT: dict[str, str] = {
-    "name": "process_state: the launched run reports this adapter",
-    "hardware_device_type": "process_state: model, gather and device agree; vendor checks run when it is not `cpu`",
-    "hardware_backend": "process_state: the process group uses the adapter's backend",
-    "capabilities": "every claim is tested and every omission skipped (strategies, precisions, compile, processes)",
-    "emulated_vendor_module": "vendor checks: every call into it is recorded under emulation",
-    "vendor": "test_vendor_module_is_used_by_the_hooks",
-    "availability": "decides emulation; ACCEL_KIT_REQUIRE_HARDWARE=1 fails when it says no",
-    "device_for": "process_state; test_vendor_device_made_current_before_process_group (local rank)",
-    "set_device": "test_vendor_device_made_current_before_process_group",
-    "before_process_group": "test_vendor_device_made_current_before_process_group",
-    "barrier": "collectives (wait_for_everyone)",
-    "manual_seed": "test_vendor_device_rng_is_seeded_consumed_and_restored (set_seed)",
-    "get_device_rng_state": "test_vendor_device_rng_is_seeded_consumed_and_restored (save_state)",
-    "set_device_rng_state": "test_vendor_device_rng_is_seeded_consumed_and_restored (load_state); resume",
-    "get_rng_state": "resume (bitwise after load_state)",
-    "set_rng_state": "resume (bitwise after load_state)",
-    "autocast": "precision:bf16/fp16 (layers compute in half precision, outputs fp32)",
-    "make_grad_scaler": "precision:fp16 loss scaling; test_vendor_grad_scaler_is_used_under_fp16",
-    "convert_to_fp8": "precision:fp8",
-    "supports_precision": "error catalogue (unclaimed precision refused)",
-    "prepare_model": "training, emulation (module tree and decision record equal to the hardware twin)",
-    "prepare_optimizer": "emulation with `emulation_models` returning an optimizer (decision record)",
-    "apply_strategy": "training/clip/resume/save_model per claimed strategy",
-    "compile_model": "compile",
-    "compile_backend": "compile",
-    "no_sync": "no_sync",
-    "backward": "training, accumulation",
-    "optimizer_step": "training; precision:fp16 (composes with the scaler)",
-    "clip_grad_norm_": "clip_grad_norm",
-    "unwrap_model": "unwrap_model",
+CORE = Path(__file__).resolve().parents[1]
+"""The core's package folder (accel/), whose code the "runs from" text is read from."""
+# Receivers that hold an adapter class where the code does not say so in the name (registry and
+# the launch command keep the class in `cls`/`c`, `PluginRecord.loaded`).
+ADAPTER_CLASS_NAMES = {"registry": {"cls", "c", "loaded"}, "commands.launch": {"cls"}, "commands.env": {"cls"}}
+FIELD_NOTES = {
+    "mixed_precision": 'The run\'s precision ("no", "bf16", "fp16", "fp8").',
+    "autocast_kwargs": "Keyword arguments for `Adapter.autocast` (from `AutocastKwargs`).",
+    "strategy": "The run's strategy object; `apply_strategy` calls its `wrap_model(model, ctx)`.",
+    "use_distributed": "Whether several processes run (a process group exists).",
+    "num_processes": "How many processes run.",
+    "process_index": "This process's global rank.",
+    "ddp_kwargs": "The user's `DistributedDataParallelKwargs`, if any.",
+    "ddp_device_ids": "`Adapter.ddp_device_ids(device)`, computed once.",
+    "dynamo_plugin": "The torch.compile settings (`TorchDynamoPlugin`), if any; `compile_model` reads it.",
 }
+"""Used only for a `PrepareContext` field that has no docstring of its own in accel/prepare.py."""
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
@@ -72,6 +60,122 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _receiver_is_adapter(node: ast.expr, names: set[str]) -> bool:
+    last = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return last is not None and ("adapter" in last.lower() or last in names)
+
+
+def call_sites(members: set[str]) -> dict[str, set[str]]:
+    """Where the core (accel/, not accel/testing/) calls or reads each `Adapter` member, as
+    `module.Class.function`: `adapter.<member>` (any name containing "adapter", a parameter annotated
+    with `Adapter`, a local assigned from one), `self.<member>` inside `Adapter` itself, and the
+    adapter classes the registry and the launcher hold in `cls`."""
+    sites: dict[str, set[str]] = {}
+
+    class Visitor(ast.NodeVisitor):
+        def __init__(self, module: str) -> None:
+            self.module, self.stack, self.names = module, [], [ADAPTER_CLASS_NAMES.get(module, set())]
+
+        def visit_ClassDef(self, node: ast.ClassDef) -> None:
+            self.stack.append(node.name)
+            self.generic_visit(node)
+            self.stack.pop()
+
+        def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+            names = set(self.names[-1])
+            for arg in node.args.args + node.args.kwonlyargs:
+                if arg.annotation is not None and "Adapter" in ast.unparse(arg.annotation):
+                    names.add(arg.arg)
+            if self.module == "adapter" and self.stack[:1] == ["Adapter"]:
+                names |= {"self", "cls"}
+            self.stack.append(node.name)
+            self.names.append(names)
+            self.generic_visit(node)
+            self.names.pop()
+            self.stack.pop()
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Assign(self, node: ast.Assign) -> None:  # chosen = self.adapter
+            self.generic_visit(node)
+            if isinstance(node.value, (ast.Name, ast.Attribute)) and _receiver_is_adapter(node.value, self.names[-1]):
+                self.names[-1].update(t.id for t in node.targets if isinstance(t, ast.Name))
+
+        def _add(self, member: str) -> None:
+            sites.setdefault(member, set()).add(".".join([self.module, *self.stack]))
+
+        def visit_Attribute(self, node: ast.Attribute) -> None:
+            if node.attr in members and _receiver_is_adapter(node.value, self.names[-1]):
+                self._add(node.attr)
+            self.generic_visit(node)
+
+        def visit_Call(self, node: ast.Call) -> None:  # getattr(adapter, "member", ...)
+            if (
+                isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and _receiver_is_adapter(node.args[0], self.names[-1])
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in members
+            ):
+                self._add(str(node.args[1].value))
+            self.generic_visit(node)
+
+    for path in sorted(CORE.rglob("*.py")):
+        parts = path.relative_to(CORE).with_suffix("").parts
+        if parts[0] == "testing":
+            continue
+        module = ".".join(p for p in parts if p != "__init__") or "accel"
+        Visitor(module).visit(ast.parse(path.read_text()))
+    return sites
+
+
+def _runs_from(sites: set[str], name: str) -> str:
+    own = sorted(s.removeprefix("adapter.Adapter.") for s in sites if s.startswith("adapter.Adapter."))
+    own = [s for s in own if s != name]
+    core = sorted(s for s in sites if not s.startswith("adapter."))
+    parts = []
+    if core:
+        parts.append(", ".join(f"`{s}`" for s in core))
+    if own:
+        parts.append("the base " + ", ".join(f"`{s}`" for s in own))
+    return "; ".join(parts)
+
+
+def base_behaviour(function: Any) -> str:
+    """What the base implementation does, read from its code: nothing, the one expression it
+    returns, what it raises, or (longer bodies) the members and vendor functions it calls."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if not body or all(isinstance(b, ast.Pass) for b in body):
+        return "does nothing"
+    if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+        code = ast.unparse(body[0].value)
+        if len(code) <= 110:
+            return f"returns `{code}`"
+    if len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None:
+        exc = body[0].exc
+        return f"raises `{ast.unparse(exc.func if isinstance(exc, ast.Call) else exc)}`"
+    if len(body) == 1 and isinstance(body[0], ast.Expr):
+        code = ast.unparse(body[0])
+        if len(code) <= 110:
+            return f"`{code}`"
+    called = []
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+                if func.attr == "_forward" and node.args and isinstance(node.args[0], ast.Constant):
+                    called.append(f"the vendor module's `{node.args[0].value}`")
+                elif not func.attr.startswith("_"):
+                    called.append(f"`self.{func.attr}`")
+    lines = len(inspect.getsource(function).splitlines())
+    calls = f", calling {', '.join(dict.fromkeys(called))}" if called else ""
+    return f"{lines} lines in accel/adapter.py{calls}"
+
+
 def _members(cls: type) -> list[tuple[str, str, str]]:
     """(name, signature or annotation, doc) for every public member defined on `cls`."""
     attr_docs = _attribute_docs(cls)
@@ -81,7 +185,8 @@ def _members(cls: type) -> list[tuple[str, str, str]]:
             continue
         raw = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
         if isinstance(raw, property):
-            rows.append((name, "(property)", inspect.getdoc(raw) or ""))
+            annotation = inspect.signature(raw.fget).return_annotation if raw.fget else ""
+            rows.append((name, f"(property) {name} -> {annotation}", inspect.getdoc(raw) or ""))
         elif inspect.isfunction(raw):
             prefix = "classmethod " if isinstance(value, classmethod) else ""
             sig = str(inspect.signature(raw)).replace("'", "")
@@ -92,6 +197,98 @@ def _members(cls: type) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _adapter_rows() -> list[str]:
+    from .suite import declared_kit_checks
+
+    kit = declared_kit_checks()
+    rows = _members(Adapter)
+    sites = call_sites({name for name, _, _ in rows})
+    lines = []
+    for name, sig, doc in rows:
+        raw = Adapter.__dict__[name]
+        raw = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        text = [doc] if doc else []
+        runs = _runs_from(sites.get(name, set()), name)
+        if inspect.isfunction(raw):
+            text.append(f"**Runs from:** {runs or 'no caller in the core'}.")
+            text.append(f"**Base:** {base_behaviour(raw)}.")
+        elif isinstance(raw, property):
+            text.append(f"**Read by:** {runs or '-'}.")
+            text.append(f"**Base:** {base_behaviour(raw.fget)}.")
+        else:
+            text.append(f"**Read by:** {runs or 'the adapter itself'}.")
+        checks = ", ".join(f"`{t}`" for t in kit.get(name, [])) or "-"
+        lines.append(f"| `{name}` | `{_one_line(sig)}` | {_one_line(' '.join(text))} | {checks} |")
+    return lines
+
+
+def _optional_rows() -> list[str]:
+    from .checks_models import AdapterDecisionRecord
+    from .suite import declared_kit_checks
+
+    kit = declared_kit_checks()
+    lines = []
+    for name, sig, doc in _members(AdapterDecisionRecord):
+        checks = ", ".join(f"`{t}`" for t in kit.get(name, [])) or "-"
+        lines.append(f"| `{name}` | `{_one_line(sig)}` | {_one_line(doc)} | {checks} |")
+    return lines
+
+
+def _prepare_context_rows() -> list[str]:
+    import dataclasses
+
+    from ..prepare import PrepareContext
+
+    docs = _attribute_docs(PrepareContext)
+    lines = []
+    for f in dataclasses.fields(PrepareContext):
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = "(required)"
+        doc = docs.get(f.name) or FIELD_NOTES.get(f.name, "-")
+        lines.append(f"| `{f.name}` | `{_one_line(str(f.type))}` | `{_one_line(default)}` | {_one_line(doc)} |")
+    for name, sig, doc in _members(PrepareContext):
+        if sig.startswith(f"{name}(self"):
+            lines.append(f"| `{name}` | `{_one_line(sig)}` | method | {_one_line(doc)} |")
+    return lines
+
+
+def _handed_to() -> str:
+    """The hooks that take a `PrepareContext`, with where the core calls them, and where it is built."""
+    takes = [
+        name
+        for name, value in Adapter.__dict__.items()
+        if inspect.isfunction(value) and "PrepareContext" in str(inspect.signature(value))
+    ]
+    sites = call_sites(set(takes))
+    builders = sorted(f"`{site}`" for site in _constructed_in("PrepareContext") if not site.startswith("testing."))
+    hooks = "; ".join(f"`{name}` (from {_runs_from(sites.get(name, set()), name) or '-'})" for name in takes)
+    return (
+        f"The core builds one per call ({', '.join(builders)}) and hands it, read-only, to: {hooks}. "
+        "It is built anew for each hook call, so an adapter keeps nothing it needs later on it."
+    )
+
+
+def _constructed_in(class_name: str) -> set[str]:
+    """Where the core calls `class_name(...)`, as `module.Class.function`."""
+    found: set[str] = set()
+    for path in sorted(CORE.rglob("*.py")):
+        module = ".".join(path.relative_to(CORE).with_suffix("").parts)
+        tree = ast.parse(path.read_text())
+        for outer in ast.walk(tree):
+            if isinstance(outer, ast.ClassDef):
+                for node in outer.body:
+                    if isinstance(node, ast.FunctionDef) and any(
+                        isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == class_name
+                        for c in ast.walk(node)
+                    ):
+                        found.add(f"{module}.{outer.name}.{node.name}")
+    return found
+
+
 def render() -> str:
     """The page's Markdown."""
     from .suite import AdapterConformanceSuite
@@ -100,20 +297,35 @@ def render() -> str:
         "# Adapter contract reference",
         "",
         "<!-- Generated by `python -m accel.testing.contract_doc docs/adapter_contract.md` from the",
-        "docstrings of accel.adapter.Adapter and accel.testing.AdapterConformanceSuite; do not edit. -->",
+        "code of accel.adapter.Adapter, accel.prepare.PrepareContext and accel.testing; do not edit. -->",
         "",
-        "Every hook and class attribute of `accel.adapter.Adapter`, in source order: its signature, what it does",
-        "and when it runs (its docstring; a hook without one keeps the base behaviour), and what the conformance",
-        "kit checks about it. The guide is [adapters.md](adapters.md).",
+        "Every hook and class attribute of `accel.adapter.Adapter`, in source order: its signature; what it does",
+        "(its docstring); **Runs from**, the core functions that call it (read from the core's code); **Base**,",
+        "what the base implementation does (read from its code); and the conformance-kit tests that judge it",
+        "(declared on each test with `accel.testing.suite.kit_checks`). The guide is [adapters.md](adapters.md).",
         "",
         "## `Adapter`",
         "",
         "| Member | Signature | When it runs, default | Kit check |",
         "|---|---|---|---|",
-    ]
-    for name, sig, doc in _members(Adapter):
-        lines.append(f"| `{name}` | `{_one_line(sig)}` | {_one_line(doc) or '-'} | {_one_line(KIT.get(name, '-'))} |")
-    lines += [
+        *_adapter_rows(),
+        "",
+        "## Optional hooks",
+        "",
+        "Methods the kit calls when an adapter defines them; `Adapter` has no base implementation.",
+        "",
+        "| Member | Signature | When it runs, default | Kit check |",
+        "|---|---|---|---|",
+        *_optional_rows(),
+        "",
+        "## `PrepareContext`",
+        "",
+        "`accel.prepare.PrepareContext` is the object handed to the prepare hooks (`ctx`): everything the",
+        "Accelerator decided once, frozen. " + _handed_to(),
+        "",
+        "| Field | Type | Default | Meaning |",
+        "|---|---|---|---|",
+        *_prepare_context_rows(),
         "",
         "## `AdapterConformanceSuite` options",
         "",
@@ -137,6 +349,7 @@ def render() -> str:
         emulated.DeviceGenerators,
         emulated.device_count_from_env,
         emulated.record_calls,
+        emulated.current_device_setters,
     ]
     for helper in helpers:
         doc = (inspect.getdoc(helper) or "").split("\n\n")[0]

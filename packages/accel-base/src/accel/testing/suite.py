@@ -18,9 +18,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 import safetensors.torch
@@ -33,6 +34,7 @@ from . import problems
 from .catalogue import CASES, ErrorCase, matches
 from .checks import CLIP_NORM, CONVERGE_STEPS, FP16_INIT_SCALE, TRAIN_STEPS
 
+F = TypeVar("F", bound=Callable[..., Any])
 STRATEGIES = ("ddp", "fsdp2")
 HALF = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 # Equivalence checks run on the adapter's device and are compared with a CPU reference:
@@ -42,6 +44,30 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+def kit_checks(check: str, *members: str) -> Callable[[F], F]:
+    """Declare what a suite test holds the adapter to: the worker check it reads (`check`) and the
+    `Adapter` members whose behaviour it judges. The contract reference's "Kit check" column is built
+    from these declarations (`accel.testing.contract_doc`), so a new test documents itself."""
+
+    def mark(function: F) -> F:
+        function.__accel_kit_checks__ = (check, members)  # type: ignore[attr-defined]
+        return function
+
+    return mark
+
+
+def declared_kit_checks() -> dict[str, list[str]]:
+    """`Adapter` member -> the suite tests (and suite methods) that judge it, from `kit_checks`."""
+    found: dict[str, list[str]] = {}
+    for name, value in vars(AdapterConformanceSuite).items():
+        function = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+        declared = getattr(function, "__accel_kit_checks__", None)
+        if declared:
+            for member in declared[1]:
+                found.setdefault(member, []).append(name)
+    return found
 
 
 @dataclass
@@ -107,6 +133,7 @@ class AdapterConformanceSuite:
         return get_adapter_class(cls.adapter)
 
     @classmethod
+    @kit_checks("emulation", "availability")
     def emulated(cls) -> bool:
         """Whether this run is emulated (see `emulate`)."""
         emulate = not availability(cls.adapter_class()) if cls.emulate is None else cls.emulate
@@ -171,6 +198,19 @@ class AdapterConformanceSuite:
         return name
 
     # ---- process state and data --------------------------------------------------------------
+    @kit_checks(
+        "process_state",
+        "name",
+        "hardware_device_type",
+        "hardware_backend",
+        "capabilities",
+        "device_type",
+        "backend",
+        "device_for",
+        "set_device",
+        "data_parallel_type",
+        "data_parallel_name",
+    )
     def test_process_state(self, kit: KitRun) -> None:
         ranks = kit.get("process_state")
         assert sorted(r["process_index"] for r in ranks) == list(range(kit.world))
@@ -186,6 +226,7 @@ class AdapterConformanceSuite:
             if self.emulated():
                 assert (r["device_type"], r["backend"] or "gloo") == ("cpu", "gloo")
 
+    @kit_checks("sharding", "prepare_data_loader_kwargs")
     def test_sharding_and_gather_for_metrics_are_exact(self, kit: KitRun) -> None:
         ranks = kit.get("sharding")
         n = ranks[0]["n"]
@@ -202,6 +243,24 @@ class AdapterConformanceSuite:
 
     # ---- training ------------------------------------------------------------------------------
     @pytest.mark.parametrize("strategy", STRATEGIES)
+    @kit_checks(
+        "training",
+        "before_prepare",
+        "after_prepare",
+        "prepare_model",
+        "place_model",
+        "apply_precision",
+        "apply_strategy",
+        "ddp_device_ids",
+        "prepare_optimizer",
+        "strategy_defaults",
+        "default_strategy",
+        "strategy_aliases",
+        "backward",
+        "after_backward",
+        "optimizer_step",
+        "after_optimizer_step",
+    )
     def test_training_equals_single_process(self, kit: KitRun, strategy: str) -> None:
         ranks = kit.get(f"training:{self._require_strategy(kit, strategy)}")
         reference = problems.reference_sgd(TRAIN_STEPS, kit.world)
@@ -209,6 +268,7 @@ class AdapterConformanceSuite:
             _close(problems.as_tensor(r["params"]), reference)
             assert r["params"] == ranks[0]["params"], "replicas must hold identical weights"
 
+    @kit_checks("accumulation", "backward", "no_sync", "optimizer_step")
     def test_gradient_accumulation_equals_big_batch(self, kit: KitRun) -> None:
         ranks = kit.get("accumulation")
         reference = problems.reference_sgd(TRAIN_STEPS, kit.world)
@@ -216,6 +276,7 @@ class AdapterConformanceSuite:
             assert r["sync_gradients"] == [False, True] * TRAIN_STEPS
             _close(problems.as_tensor(r["params"]), reference)
 
+    @kit_checks("no_sync", "no_sync")
     def test_no_sync_keeps_local_gradients(self, kit: KitRun) -> None:
         ranks = kit.get("no_sync")
         local, synced = problems.local_grads(kit.world), problems.global_grad(kit.world)
@@ -226,6 +287,7 @@ class AdapterConformanceSuite:
             assert ranks[0]["local"] != ranks[1]["local"], "inside no_sync gradients must not be averaged"
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
+    @kit_checks("clip_grad_norm", "clip_grad_norm_")
     def test_clip_grad_norm_matches_direct_computation(self, kit: KitRun, strategy: str) -> None:
         name = self._require_strategy(kit, strategy)
         grad = problems.global_grad(kit.world)
@@ -236,6 +298,7 @@ class AdapterConformanceSuite:
             _close(problems.as_tensor(r["clipped"]), expected)
 
     # ---- collectives -----------------------------------------------------------------------------
+    @kit_checks("collectives", "barrier")
     def test_collectives(self, kit: KitRun) -> None:
         w = kit.world
         values = [[k * 10 + 1.0, k * 10 + 2.0] for k in range(w)]
@@ -265,6 +328,16 @@ class AdapterConformanceSuite:
 
     # ---- mixed precision ----------------------------------------------------------------------------
     @pytest.mark.parametrize("mode", ["bf16", "fp16", "fp8"])
+    @kit_checks(
+        "precision",
+        "supports_precision",
+        "precision_class",
+        "autocast",
+        "make_grad_scaler",
+        "has_own_optimizer_step",
+        "convert_to_fp8",
+        "apply_precision",
+    )
     def test_mixed_precision(self, kit: KitRun, mode: str) -> None:
         if mode not in kit.capabilities.precisions:
             pytest.skip(f"the adapter does not claim mixed_precision={mode!r} (Capabilities.precisions)")
@@ -299,12 +372,22 @@ class AdapterConformanceSuite:
 
     # ---- checkpoints and models ------------------------------------------------------------------------
     @pytest.mark.parametrize("strategy", STRATEGIES)
+    @kit_checks(
+        "resume",
+        "get_rng_state",
+        "set_rng_state",
+        "get_device_rng_state",
+        "set_device_rng_state",
+        "checkpoint_on_host",
+        "barrier",
+    )
     def test_save_state_load_state_resume_exactly(self, kit: KitRun, strategy: str) -> None:
         for r in kit.get(f"resume:{self._require_strategy(kit, strategy)}"):
             assert r["losses_resumed"] == r["losses_uninterrupted"]
             assert r["bitwise_equal"], f"resumed weights differ by up to {r['max_abs_diff']}"
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
+    @kit_checks("save_model", "apply_strategy")
     def test_save_model_loads_into_a_plain_module(self, kit: KitRun, strategy: str) -> None:
         ranks = kit.get(f"save_model:{self._require_strategy(kit, strategy)}")
         directory = Path(ranks[0]["directory"])
@@ -319,6 +402,7 @@ class AdapterConformanceSuite:
             assert torch.equal(problems.flat_params(plain), problems.as_tensor(ranks[0]["params"]))
         assert len(list((directory.with_name(directory.name + "-sharded")).glob("*.safetensors"))) > 1
 
+    @kit_checks("unwrap_model", "prepare_model", "apply_precision")
     def test_unwrap_model_returns_the_original(self, kit: KitRun) -> None:
         name = next(n for n in self.planned_checks(kit.capabilities) if n.startswith("unwrap_model"))
         for r in kit.get(name):
@@ -326,6 +410,7 @@ class AdapterConformanceSuite:
             if not name.endswith(":no"):
                 assert r["forward_restored"], "keep_fp32_wrapper=False must restore the original forward"
 
+    @kit_checks("compile", "compile_model", "compile_backend")
     def test_compile(self, kit: KitRun) -> None:
         if not kit.capabilities.compile:
             pytest.skip("the adapter does not claim torch.compile (Capabilities.compile)")
@@ -337,6 +422,7 @@ class AdapterConformanceSuite:
 
     # ---- errors and emulation ----------------------------------------------------------------------------
     @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+    @kit_checks("errors", "supports_precision", "capabilities")
     def test_error_catalogue(self, kit: KitRun, case: ErrorCase) -> None:
         caps = kit.capabilities
         if case.needs == "distributed" and kit.world == 1:
@@ -352,6 +438,7 @@ class AdapterConformanceSuite:
                 f"got {report['type'] or 'no error'}: {report['message']}"
             )
 
+    @kit_checks("emulation", "prepare_model", "prepare_optimizer", "decision_record")
     def test_emulation_makes_the_hardware_decisions(self, kit: KitRun) -> None:
         if not self.emulated():
             pytest.skip("runs only under emulation (it compares the emulated run with the hardware decisions)")
@@ -391,6 +478,7 @@ class AdapterConformanceSuite:
                 )
         return ranks
 
+    @kit_checks("vendor", "set_device", "before_process_group", "emulated_vendor_module")
     def test_vendor_device_made_current_before_process_group(self, kit: KitRun) -> None:
         for r in self._vendor(kit):
             rank, module, calls = r["local_rank"], r["emulated_vendor_module"], r["before_process_group"]
@@ -426,6 +514,7 @@ class AdapterConformanceSuite:
                     f"(calls before the process group: {made})"
                 )
 
+    @kit_checks("vendor", "manual_seed", "get_device_rng_state", "set_device_rng_state")
     def test_vendor_device_rng_is_seeded_consumed_and_restored(self, kit: KitRun) -> None:
         for r in self._vendor(kit):
             module = r["emulated_vendor_module"]
@@ -446,6 +535,15 @@ class AdapterConformanceSuite:
                 f"losses after resuming {rng['losses_resumed']} vs uninterrupted {rng['losses_uninterrupted']}"
             )
 
+    @kit_checks(
+        "vendor",
+        "vendor",
+        "vendor_module",
+        "emulated_vendor_module",
+        "manual_seed",
+        "get_device_rng_state",
+        "set_device_rng_state",
+    )
     def test_vendor_module_is_used_by_the_hooks(self, kit: KitRun) -> None:
         for r in self._vendor(kit):
             module = r["emulated_vendor_module"]
@@ -462,6 +560,7 @@ class AdapterConformanceSuite:
                     missing.append(f"{hook} made no call into {module}")
             assert not missing, "the vendor module is not used by the adapter's hooks: " + "; ".join(missing)
 
+    @kit_checks("vendor", "make_grad_scaler")
     def test_vendor_grad_scaler_is_used_under_fp16(self, kit: KitRun) -> None:
         if "fp16" not in kit.capabilities.precisions:
             pytest.skip("the adapter does not claim mixed_precision='fp16' (Capabilities.precisions)")
