@@ -41,3 +41,8 @@ class UnsafeCheckpointError(CheckpointError):
 
 class PrepareError(AccelError, ValueError):
     """`prepare` cannot carry an object over as given (e.g. optimizer state for parameters it replaced)."""
+
+
+class UnsupportedHandlerError(AccelError, TypeError, AssertionError):
+    """Something that is not a kwargs handler was passed in `kwargs_handlers`. Also an `AssertionError`,
+    the type Accelerate raises there, so code written against either library catches it."""
