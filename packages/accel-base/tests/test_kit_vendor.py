@@ -173,8 +173,14 @@ def test_stand_in_base_records_calls_and_restores_generators() -> None:
 
     module = types.ModuleType("fake_vendor")
     exec("def set_device(i):\n    return i * 2\n", module.__dict__)
+    module.generator = DeviceGenerators(2).generator  # a bound method exposed as a function is recorded too
+    module.imported = torch.manual_seed  # an imported function is not
     record = record_calls(module)
     assert module.set_device(3) == 6 and record.names() == ["set_device"] and record.calls[0].args == (3,)
+    assert isinstance(module.generator(1), torch.Generator) and record.names() == ["set_device", "generator"]
+    module.imported(0)
+    assert record.names() == ["set_device", "generator"]
+    del record.calls[1]
     with record.within("before_process_group"):
         module.set_device(1)
     assert [c.hook for c in record.calls] == [None, "before_process_group"] and record.hooks == []

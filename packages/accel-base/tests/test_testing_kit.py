@@ -65,6 +65,32 @@ def test_planned_checks_follow_the_capabilities() -> None:
     assert "unwrap_model:no" in bare and "training:ddp" in bare
 
 
+@pytest.mark.parametrize(
+    ("device", "vendor_checks", "planned"),
+    [("cpu", None, False), ("cpu", True, True), ("pretenddev", None, True), ("pretenddev", False, False)],
+)
+def test_vendor_checks_follow_the_device_unless_the_suite_says(
+    device: str, vendor_checks: bool | None, planned: bool
+) -> None:
+    class Device(_Emulable):
+        hardware_device_type: ClassVar[str] = device
+
+    class Suite(_Suite):
+        emulate = True
+
+        @classmethod
+        def adapter_class(cls) -> type[Adapter]:
+            return Device
+
+    Suite.vendor_checks = vendor_checks
+    assert ("vendor" in Suite.planned_checks(Capabilities())) is planned
+    why = Suite._vendor_checks_apply()
+    assert (why is None) is planned
+    if not planned:
+        with pytest.raises(pytest.skip.Exception, match="vendor_checks"):
+            Suite()._vendor(KitRun(1, Capabilities(), Path("."), [], ""))
+
+
 def test_require_hardware_turns_emulation_into_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     class Emulated(_Suite):
         emulate = True

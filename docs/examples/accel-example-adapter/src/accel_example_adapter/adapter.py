@@ -44,6 +44,7 @@ class ExampleAdapter(Adapter):
     options_class: ClassVar[type[ExampleOptions]] = ExampleOptions
     config: ExampleOptions
     optimizer_steps = 0
+    local_index = 0
 
     @classmethod
     def availability(cls) -> Availability:
@@ -51,6 +52,17 @@ class ExampleAdapter(Adapter):
         if os.environ.get("EXAMPLE_DEVICE") == "1":
             return Availability(available=True)
         return Availability(available=False, reason="no example device (EXAMPLE_DEVICE is not 1)")
+
+    def device_for(self, local_rank: int) -> torch.device:
+        self.local_index = local_rank
+        return super().device_for(local_rank)  # the device computes on the host's memory
+
+    def set_device(self, device: torch.device) -> None:
+        # Before the process group: this rank's device is current, so its generator is the one
+        # device code draws from. Device RNG needs no more code: the base manual_seed,
+        # get_device_rng_state and set_device_rng_state call the vendor module's manual_seed,
+        # get_rng_state and set_rng_state, so set_seed, save_state and load_state reach them.
+        self.vendor.set_device(self.local_index)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
         # A vendor decision: AdamW runs the device's fused kernel when it has one. Never gate

@@ -135,7 +135,8 @@ class CallRecord:
 def record_calls(module: ModuleType) -> CallRecord:
     """Wrap every public function of `module` (in place) so that each call is recorded.
 
-    Functions only (classes, constants and imported names are left alone); idempotent per module."""
+    The module's own functions and the bound methods it exposes (`generator = _rng.generator`);
+    classes, constants and imported functions are left alone. Idempotent per module."""
     existing = getattr(module, "__accel_call_record__", None)
     if isinstance(existing, CallRecord):
         return existing
@@ -151,7 +152,9 @@ def record_calls(module: ModuleType) -> CallRecord:
         return recorded
 
     for name, value in list(vars(module).items()):
-        if name.startswith("_") or not inspect.isfunction(value) or value.__module__ != module.__name__:
+        own_function = inspect.isfunction(value) and value.__module__ == module.__name__
+        # Bound methods too: `generator = _rng.generator` (a `DeviceGenerators` exposed as functions).
+        if name.startswith("_") or not (own_function or inspect.ismethod(value)):
             continue
         setattr(module, name, wrap(name, value))
     module.__accel_call_record__ = record  # type: ignore[attr-defined]

@@ -114,6 +114,11 @@ class AdapterConformanceSuite:
     """The strategy the kit's `ddp` checks (training, clipping, resume, save_model) run with: an adapter
     whose data parallelism is a strategy of its own package names it here (a data-parallel strategy of the adapter's package)."""
 
+    vendor_checks: ClassVar[bool | None] = None
+    """Run the vendor checks (device made current, device RNG, vendor module used, fp16 scaler) under
+    emulation. None (default): when the adapter's hardware device is not the CPU. True: also for a
+    device that computes in host memory but keeps device state of its own in its vendor library (a
+    current device, its own generators). False: never (the tests skip, saying so)."""
     emulation_models: ClassVar[tuple[str, ...]] = ()
     """The adapter's own models for the emulation-decision check, as `package.module:function`
     names: each function returns a fresh `nn.Module`, or `(module, optimizer)` to check the
@@ -161,7 +166,7 @@ class AdapterConformanceSuite:
         names += [f"custom:{path}" for path in cls.extra_checks]
         if cls.emulated():
             names.append("emulation:" + ",".join(cls.emulation_models))
-            if cls.adapter_class().hardware_device_type != "cpu":
+            if cls._vendor_checks_apply() is None:
                 names.append("vendor")
         return names
 
@@ -183,6 +188,18 @@ class AdapterConformanceSuite:
         results = [json.loads(f.read_text()) for f in files if f.is_file()]
         output = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
         return KitRun(world=world, capabilities=caps, out=out, results=results, launch_output=output)
+
+    @classmethod
+    def _vendor_checks_apply(cls) -> str | None:
+        """None when the vendor checks run, else why not (`vendor_checks`)."""
+        if cls.vendor_checks is False:
+            return f"{cls.__name__}.vendor_checks is False"
+        if cls.vendor_checks is None and cls.adapter_class().hardware_device_type == "cpu":
+            return (
+                "the adapter's hardware device is the CPU: no device to make current, no device generators "
+                "(set vendor_checks = True when its vendor library keeps them anyway)"
+            )
+        return None
 
     @classmethod
     def _strategy_run(cls, strategy: str) -> str:
@@ -465,8 +482,9 @@ class AdapterConformanceSuite:
         """Every rank's `vendor` report; skips where the vendor checks do not apply."""
         if not self.emulated():
             pytest.skip("runs only under emulation (it instruments the adapter's emulated vendor module)")
-        if self.adapter_class().hardware_device_type == "cpu":
-            pytest.skip("the adapter's hardware device is the CPU: no device to make current, no device generators")
+        why_not = self._vendor_checks_apply()
+        if why_not:
+            pytest.skip(why_not)
         ranks = kit.get("vendor")
         for r in ranks:
             if not r["instrumented"]:
