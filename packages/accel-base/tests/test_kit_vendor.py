@@ -345,3 +345,28 @@ def test_decision_record_reads_flags_set_on_a_param_group() -> None:
     a, b = decision_record(model, plain), decision_record(model, grouped)
     assert a["optimizer_flags"] == {"fused": None, "foreach": None, "capturable": False}
     assert b["optimizer_flags"] == {**a["optimizer_flags"], "group0.fused": True}
+
+
+def test_the_guide_calls_the_reusable_workflow_with_inputs_it_has() -> None:
+    """docs/adapters.md's hardware.yml: no placeholders, only inputs the workflow declares (the required
+    ones given), and an accel-base range that this accel-base satisfies."""
+    import re
+
+    import yaml
+    from accel import __version__
+    from packaging.specifiers import SpecifierSet
+
+    root = Path(__file__).parents[3]
+    guide = (root / "docs" / "adapters.md").read_text()
+    block = guide.split("Then add\n`.github/workflows/hardware.yml`:", 1)[1]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", block, re.S).group(1))  # type: ignore[union-attr]
+    call = example["jobs"]["kit"]
+    assert call["uses"] == "./.github/workflows/adapter-kit.yml"
+    assert not re.search(r"<[a-z-]+>|OWNER|@v\d", yaml.safe_dump(example)), "placeholders left in the example"
+    inputs = yaml.safe_load((root / ".github" / "workflows" / "adapter-kit.yml").read_text())[True]["workflow_call"]
+    declared = inputs["inputs"]
+    assert set(call["with"]) <= set(declared), set(call["with"]) - set(declared)
+    assert {name for name, spec in declared.items() if spec.get("required")} <= set(call["with"])
+    requirement = call["with"]["accel-version"]
+    assert requirement.startswith("accel-base")
+    assert __version__ in SpecifierSet(requirement.removeprefix("accel-base")), (requirement, __version__)
