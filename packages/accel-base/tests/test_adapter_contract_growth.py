@@ -81,6 +81,11 @@ def options(self, device):
     calls.append(("options", dist.is_initialized()))
     return {"group_name": "accel-test-group"}
 CPUAdapter.process_group_options = options
+real_init = dist.init_process_group
+def init(*args, **kwargs):  # what the core passes to torch (group_name itself leaves no trace in the group)
+    calls.append(("init", args[0], kwargs.get("group_name"), kwargs["world_size"]))
+    return real_init(*args, **kwargs)
+dist.init_process_group = init
 from accel import Accelerator
 acc = Accelerator()
 print(f"rank {acc.process_index}: {calls} {dist.is_initialized()}", flush=True)
@@ -90,7 +95,8 @@ print(f"rank {acc.process_index}: {calls} {dist.is_initialized()}", flush=True)
 def test_the_process_group_hook_runs_first_and_its_options_reach_init(write_script: Any) -> None:
     proc = launch(write_script(HOOKED), timeout=120)
     for rank in (0, 1):
-        assert f"rank {rank}: [('before', False, 'cpu'), ('options', False)] True" in proc.stdout, proc.stdout
+        expected = "[('before', False, 'cpu'), ('options', False), ('init', 'gloo', 'accel-test-group', 2)] True"
+        assert f"rank {rank}: {expected}" in proc.stdout, proc.stdout
 
 
 def test_options_default_to_none() -> None:
