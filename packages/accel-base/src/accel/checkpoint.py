@@ -465,8 +465,19 @@ def _apply_undoable(ctx: RunContext, plan: dict[str, Any]) -> tuple[list[tuple[A
 
 
 def _undo(ctx: RunContext, undo: list[tuple[Any, Any]]) -> None:
+    """Restore every snapshot, newest first; one that cannot be restored does not stop the others."""
+    failed: list[str] = []
     for obj, before in reversed(undo):
-        if obj is None:
-            ctx.adapter.set_rng_state(before)
-        else:
-            obj.load_state_dict(before)
+        try:
+            if obj is None:
+                ctx.adapter.set_rng_state(before)
+            else:
+                obj.load_state_dict(before)
+        except Exception as exc:
+            failed.append(f"{type(obj).__name__ if obj is not None else 'random states'} ({type(exc).__name__}: {exc})")
+    if failed:
+        warnings.warn(
+            f"load_state could not restore {', '.join(failed)} to its state before the failed load.",
+            UserWarning,
+            stacklevel=2,
+        )
