@@ -4,6 +4,7 @@ accepted by `accel launch` with the same meaning under both spellings, or refuse
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,8 @@ def test_prefixes_of_flags_are_not_flags(tmp_path: Path, capsys: pytest.CaptureF
         err = capsys.readouterr().err
         assert exc.value.code == 2
         assert f"unrecognized arguments: {flag}. Flags for one vendor's hardware" in err, err
-        assert "ambiguous" not in err and "no installed adapter (cpu" in err
+        assert "ambiguous" not in err
+        assert re.search(r"no installed adapter \((.*, )?cpu(, .*)?\) declares it", err), err
 
 
 class _StandIn:
@@ -168,7 +170,7 @@ def test_a_hardware_flag_declared_by_an_installed_adapter_names_it(monkeypatch, 
     argv = ["--cpu", "--tpu", str(script)]
     with pytest.raises(SystemExit):
         _launch_parser(argv).parse_args(argv)
-    assert "no installed adapter (cpu" in capsys.readouterr().err
+    assert re.search(r"no installed adapter \((.*, )?cpu(, .*)?\) declares it", capsys.readouterr().err)
     installed = {**registry.installed_adapters(), "standin": _StandIn}
     monkeypatch.setattr(registry, "installed_adapters", lambda: installed)
     parser = _launch_parser(argv)

@@ -236,7 +236,7 @@ def test_an_installed_adapter_declares_its_hardwares_keys(monkeypatch: pytest.Mo
     [
         (
             "debug: false\nadapter: nosuch\n",
-            r"c.yaml:2: adapter: no installed adapter is named 'nosuch'; installed: cpu",
+            r"c.yaml:2: adapter: no installed adapter is named 'nosuch'; installed: (.*, )?cpu",
         ),
         ("debug: false\nstrategy: foo\n", r"c.yaml:2: strategy: no accel strategy is named 'foo'; installed: ddp"),
         (
@@ -316,3 +316,50 @@ def test_launch_with_an_accelerate_config_file(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = sorted(json.loads(path.read_text()) for path in tmp_path.glob("rank*.json"))
     assert rows == [[0, 2, "bf16", str(port)], [1, 2, "bf16", str(port)]]
+
+
+@pytest.mark.parametrize(
+    ("name", "processes", "strategy", "note"),
+    [
+        ("fsdp1.yaml", "2", "fsdp2", "fsdp_config.fsdp_version 1: accel implements FSDP2 only and runs it instead"),
+        ("xla.yaml", "1", "ddp", "tpu_use_sudo: ignored ("),
+    ],
+)
+def test_accelerate_files_accel_once_refused_now_launch(
+    tmp_path: Path, name: str, processes: str, strategy: str, note: str
+) -> None:
+    """`accel launch --config_file` on Accelerate's FSDP1 and TPU files (on this CPU): the workers run, the
+    launcher's note is printed once."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os, sys\nfrom accel import Accelerator\nacc = Accelerator()\n"
+        "config = getattr(acc.strategy, 'config', None)\n"
+        "row = [acc.num_processes, acc.state.strategy_name, getattr(config, 'cpu_offload', None)]\n"
+        "open(os.path.join(sys.argv[1], f'rank{acc.process_index}.json'), 'w').write(json.dumps(row))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ACCEL_ADAPTER", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "launch",
+            "--config_file",
+            str(FIXTURES / name),
+            "--cpu",
+            "--num_processes",
+            processes,
+            str(probe),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(note) == 1, proc.stderr[-3000:]
+    rows = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
+    offload = True if name == "fsdp1.yaml" else None  # the file's fsdp_offload_params reached FSDPConfig
+    assert rows == [[int(processes), strategy, offload]] * int(processes)

@@ -133,3 +133,36 @@ def test_bad_model_spec_is_a_usage_error(memnet: Path) -> None:
         build_on_meta("memnet:Nope", {}, "float32")
     with pytest.raises(UsageError, match=r"not a torch\.nn\.Module"):
         build_on_meta("torch:zeros", {"size": (1,)}, "float32")
+
+
+def test_a_hugging_face_config_or_model_type_is_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As `accelerate estimate-memory` users expect: a transformers model type with config fields, or a local
+    config.json (what a hub model's folder holds), built on the meta device without downloading."""
+    transformers = pytest.importorskip("transformers")
+    from accel.cli import main
+
+    fields = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 100, "n_positions": 32}
+    real = transformers.GPT2Model(transformers.GPT2Config(**fields))  # real tensors, counted another way
+    expected = sum(p.numel() for p in real.parameters())
+    expected_unit = sum(p.numel() * 4 for p in real.h[0].parameters())
+    by_type = model_sizes(build_on_meta("gpt2", fields, "float32"))
+    assert (by_type.parameters, by_type.parameter_bytes, by_type.largest_unit_bytes) == (
+        expected,
+        4 * expected,
+        expected_unit,
+    )
+    real.config.to_json_file(tmp_path / "config.json")
+    for spec in (str(tmp_path / "config.json"), str(tmp_path)):
+        assert model_sizes(build_on_meta(spec, {}, "bfloat16")).parameter_bytes == 2 * expected
+    # --kwargs override a file's fields.
+    assert model_sizes(build_on_meta(str(tmp_path), {"n_layer": 1}, "float32")).parameters == expected - sum(
+        p.numel() for p in real.h[1].parameters()
+    )
+    assert main(["estimate-memory", "gpt2", "--kwargs", json.dumps(fields), "--num-processes", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parameters"] == expected
+    assert out["per_process_bytes"]["ddp"]["parameters"] == 4 * expected
+    with pytest.raises(UsageError, match=r"huggingface-cli download bert-base-cased config.json"):
+        build_on_meta("bert-base-cased", {}, "float32")
+    with pytest.raises(UsageError, match=r"--kwargs for a gpt2 config: .*n_layer"):
+        build_on_meta("gpt2", {"n_embd": 65, "n_head": 2, "n_layer": "x"}, "float32")

@@ -4,7 +4,7 @@ Each key maps onto an `accel launch` setting, or is refused with a `ConfigError`
 key, its line and what to do. Keys accel has no use for are accepted silently while they
 hold Accelerate's default value (false, "no", empty): such a key asks for nothing.
 
-A file for one vendor's hardware (`distributed_type` MULTI_GPU, XLA, ...: the `data_parallel_name`
+A file for one vendor's hardware (a `distributed_type` such as MULTI_GPU that is the `data_parallel_name`
 of an adapter) may carry Accelerate's keys for that hardware. The core names no vendor, so the
 adapter declares them (`accelerate_config_keys`, see `hardware_keys`): a key it calls harmless is
 ignored with one warning naming every such key, a key with a reason is refused with that reason.

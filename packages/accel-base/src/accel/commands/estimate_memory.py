@@ -2,8 +2,16 @@
 
     accel estimate-memory mypkg.models:Net --num-processes 8 --optimizer adamw
 
-The model is built on the meta device (no memory, no weights): `MODEL` is `module:callable`
-returning an `nn.Module` (a class or a factory), with `--kwargs` as JSON for it. Figures are
+The model is built on the meta device (no memory, no weights). `MODEL` is one of:
+
+- `module:callable` returning an `nn.Module` (a class or a factory), `--kwargs` its JSON keyword arguments;
+- a Hugging Face config: a local `config.json` or the folder holding it (what `accelerate estimate-memory`
+  users have for a hub model: `huggingface-cli download NAME config.json`), built with transformers'
+  `AutoModel.from_config`; `--kwargs` override its fields;
+- a transformers model type (`gpt2`, `llama`, `bert`, ...): its default config, `--kwargs` for the fields
+  (`{"n_layer": 48}`), built without downloading anything.
+
+Figures are
 exact byte counts of the tensors each strategy keeps on each process; activations, the
 device allocator's caches and communication buffers come on top and depend on the
 batch. Under FSDP2 and ZeRO-3 a process also holds one gathered unit at a time (the largest
@@ -84,6 +92,8 @@ def build_on_meta(spec: str, kwargs: dict[str, Any], dtype: str) -> Any:
     import torch
 
     module_name, _, attr = spec.partition(":")
+    if ":" not in spec:
+        return _build_transformers_on_meta(spec, kwargs).to(getattr(torch, dtype))
     if not module_name or not attr:
         raise UsageError(f"MODEL must be module:callable (e.g. mypkg.models:Net), got {spec!r}")
     try:
@@ -97,11 +107,68 @@ def build_on_meta(spec: str, kwargs: dict[str, Any], dtype: str) -> Any:
     return model.to(getattr(torch, dtype))
 
 
+_FORMS = (
+    "MODEL must be module:callable (e.g. mypkg.models:Net), a Hugging Face config.json (or its folder), or a "
+    "transformers model type (gpt2, llama, ...)"
+)
+
+
+def _build_transformers_on_meta(spec: str, kwargs: dict[str, Any]) -> Any:
+    """A transformers model from a local config (file or folder) or a model type, on the meta device.
+
+    Raises:
+        UsageError: transformers is missing, or `spec` is neither a local config nor a model type.
+    """
+    from pathlib import Path
+
+    import torch
+
+    path = Path(spec).expanduser()
+    local = path.is_file() or (path.is_dir() and (path / "config.json").is_file())
+    try:
+        import transformers
+    except ImportError:
+        need = "reading a Hugging Face config" if local else _FORMS
+        raise UsageError(f"{need} needs transformers: pip install transformers") from None
+    from transformers import CONFIG_MAPPING, AutoConfig, AutoModel
+
+    if local:
+        try:
+            config_dict, _ = transformers.PretrainedConfig.get_config_dict(str(path))
+            model_type = config_dict.pop("model_type", None)
+            if model_type not in CONFIG_MAPPING:
+                raise UsageError(f"{path}: model_type {model_type!r} is not one transformers knows")
+            config = CONFIG_MAPPING[model_type].from_dict({**config_dict, **kwargs})
+        except UsageError:
+            raise
+        except Exception as exc:  # unreadable JSON, or fields transformers' validation refuses
+            raise UsageError(f"{path} is not a usable Hugging Face config: {str(exc).splitlines()[0]}") from None
+    elif spec in CONFIG_MAPPING:
+        try:
+            config = AutoConfig.for_model(spec, **kwargs)
+        except Exception as exc:  # transformers validates fields with its own error classes
+            raise UsageError(f"--kwargs for a {spec} config: {str(exc).splitlines()[0]}") from None
+    else:
+        raise UsageError(
+            f"{_FORMS}, got {spec!r}; for a hub model, download its config "
+            f"(`huggingface-cli download {spec} config.json`) and pass that file"
+        )
+    with torch.device("meta"):
+        try:
+            return AutoModel.from_config(config)
+        except (TypeError, ValueError) as exc:  # no base model class for the type, or a field it cannot take
+            raise UsageError(f"transformers cannot build a model from this {config.model_type} config: {exc}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     """The `accel estimate-memory` parser."""
     p = CliParser(prog="accel estimate-memory", description="Memory per process under DDP, FSDP2 and ZeRO 1/2/3.")
-    p.add_argument("model", help="module:callable returning the nn.Module (built on the meta device)")
-    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the callable")
+    p.add_argument(
+        "model",
+        help="module:callable returning the nn.Module, a Hugging Face config.json (or its folder), or a "
+        "transformers model type (gpt2, llama, ...); built on the meta device",
+    )
+    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the callable, or config fields")
     p.add_argument(
         "--num-processes",
         "--num_processes",
