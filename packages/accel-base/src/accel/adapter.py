@@ -100,6 +100,10 @@ class Adapter:
     """The `DistributedType` name data-parallel runs on this hardware report, as Accelerate
     names it (MULTI_CPU; an accelerator's adapter says MULTI_<DEVICE>), so scripts that compare
     `accelerator.distributed_type` against Accelerate's members keep working."""
+    accelerate_config_keys: ClassVar[Mapping[str, str | None]] = {}
+    """Keys of an Accelerate config file (`accelerate config`) whose `distributed_type` is this
+    adapter's `data_parallel_name` that only this hardware has: key -> None (harmless, ignored with
+    one note) or the reason it is refused (what to do instead). `accel launch --config_file` reads it."""
     options_class: ClassVar[type[AdapterOptions] | None] = None
     """The adapter's options (an `accel.adapter_options.AdapterOptions` dataclass): parsed into
     `self.config` at construction (its environment variables, then `Accelerator(adapter_options=...)`),
