@@ -156,3 +156,45 @@ def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch)
     opt.step()
     assert hpu_emulated.calls["fused_adamw_step"] >= 1
     assert any(not torch.equal(a, p.detach().float()) for a, p in zip(before, engine.parameters()))
+
+
+def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy_mode(monkeypatch):
+    """One process, as Accelerate on HPU: offload + a torch AdamW trains DeepSpeed's CPU Adam in
+    AdamW mode (not Habana's FusedAdamW) with the same update as torch's AdamW; lazy mode is refused."""
+    import torch
+    import torch.nn.functional as F
+    from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState
+    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from torch import nn
+
+    def build(lazy: str):
+        monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        plugin = DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu", gradient_clipping=0.0)
+        return Accelerator(adapter="gaudi", emulate=True, deepspeed_plugin=plugin)
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    ref = nn.Linear(4, 2)
+    ref.load_state_dict(model.state_dict())
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=4)
+    acc = build("1")
+    with pytest.raises(ValueError, match=r"^You can't use an Offload Optimizer with HPU in Lazy Mode"):
+        acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5), loader)
+    acc = build("0")
+    engine, opt, _ = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5), loader)
+    assert type(engine.basic_optimizer) is DeepSpeedCPUAdam and engine.basic_optimizer.adam_w_mode is True
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, weight_decay=0.5)
+    x, y = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(4, 2)
+    for _ in range(3):
+        acc.backward(F.mse_loss(engine(x), y))
+        opt.step()
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    state = acc.get_state_dict(engine)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k], v, atol=1e-6, rtol=1e-6, msg=k)

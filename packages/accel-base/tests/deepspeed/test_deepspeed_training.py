@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import launch
 
 COMMON = """
@@ -135,6 +136,29 @@ offload3 = DeepSpeedPlugin(
     extra_config={"zero_force_ds_cpu_optimizer": False},
 )
 run("zero3-offload-params-sgd", offload3, sgd, tol=1e-6)
+# An Accelerate user's offload config as is (no `zero_force_ds_cpu_optimizer`): the torch optimizer
+# becomes DeepSpeed's CPU Adam, decoupled weight decay for AdamW and L2 for Adam, as Accelerate maps
+# it; the reference is the torch optimizer itself (a wrong adamw_mode is off by ~1e-3 here).
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+adamw_wd = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+adam_wd = lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1)
+adagrad = lambda ps: torch.optim.Adagrad(ps, lr=1e-1)
+for name, plugin, make_opt, expected, adamw_mode in (
+    ("zero2-offload-cpuadam-adamw", DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu"), adamw_wd,
+     DeepSpeedCPUAdam, True),
+    ("zero3-offload-cpuadam-adam", DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu",
+     offload_param_device="cpu"), adam_wd, DeepSpeedCPUAdam, False),
+    ("zero2-offload-cpuadagrad", DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu",
+     gradient_clipping=0.0), adagrad,
+     DeepSpeedCPUAdagrad, None),
+):
+    assert plugin.maps_client_optimizer
+    acc, model = run(name, plugin, make_opt, tol=1e-5)
+    inner = model.basic_optimizer
+    assert type(inner) is expected, (name, type(inner))
+    assert adamw_mode is None or inner.adam_w_mode is adamw_mode, (name, inner.adam_w_mode)
 # bf16 from the Accelerator's mixed_precision: the engine trains bf16 weights with fp32 masters.
 acc, model = run("zero2-bf16-sgd", DeepSpeedPlugin(zero_stage=2), sgd, tol=5e-3, mixed_precision="bf16")
 assert acc.strategy.ds_config["bf16"] == {"enabled": True}
@@ -172,7 +196,15 @@ def test_zero_stages_offload_accumulation_bf16_match_one_process(write_script):
     for name in ("zero0-sgd", "zero1-sgd", "zero2-sgd", "zero3-sgd"):
         # A torch SGD client optimizer equals the reference exactly.
         assert f"RESULT {name} max|diff|=0" in out, out
-    for name in ("zero2-accum2-clip-adamw", "zero3-accum2-sgd", "zero2-offload-cpu-adamw", "zero3-offload-params-sgd"):
+    for name in (
+        "zero2-accum2-clip-adamw",
+        "zero3-accum2-sgd",
+        "zero2-offload-cpu-adamw",
+        "zero3-offload-params-sgd",
+        "zero2-offload-cpuadam-adamw",
+        "zero3-offload-cpuadam-adam",
+        "zero2-offload-cpuadagrad",
+    ):
         assert f"RESULT {name} " in out, out
     assert "RESULT zero2-bf16-sgd " in out and "DONE" in out, out
 
@@ -316,3 +348,76 @@ print("ONE_PROCESS exact")
 def test_one_process_builds_its_own_group_and_trains_exactly(write_script):
     proc = launch(write_script(ONE_PROCESS), nproc=1, timeout=600)
     assert "ONE_PROCESS exact" in proc.stdout, proc.stdout
+
+
+ZERO3_INIT_FLAG = """
+import sys
+from pathlib import Path
+import torch
+from accel import Accelerator
+from accel.state import AcceleratorState, GradientState
+from accel.strategies.deepspeed import DeepSpeedPlugin
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers.integrations import is_deepspeed_zero3_enabled
+
+out = Path(sys.argv[1])
+config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+WTE = 64 * 16
+
+def fresh(plugin):
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(deepspeed_plugin=plugin)
+
+def loader():
+    return torch.utils.data.DataLoader(list(range(8)), batch_size=4)
+
+# Accelerate's default under ZeRO-3: zero3_init_flag on, transformers sees ZeRO-3.
+acc = fresh(DeepSpeedPlugin(zero_stage=3))
+plugin = acc.strategy.plugin
+assert plugin.zero3_init_flag is True and is_deepspeed_zero3_enabled()
+with plugin.zero3_init_context_manager(enable=False):
+    assert not is_deepspeed_zero3_enabled()
+    if acc.is_main_process:
+        torch.manual_seed(0)
+        GPT2LMHeadModel(config).save_pretrained(out / "tiny")
+assert is_deepspeed_zero3_enabled()
+acc.wait_for_everyone()
+saved = load_file(str(out / "tiny" / "model.safetensors"))
+
+# from_pretrained: built partitioned (each process holds half of each weight), loaded exactly.
+model = GPT2LMHeadModel.from_pretrained(out / "tiny")
+w = model.transformer.wte.weight
+assert w.numel() == 0 and w.ds_tensor.numel() == WTE // 2, (w.shape, w.ds_tensor.shape)
+engine, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader())
+state = acc.get_state_dict(engine)
+for k, v in saved.items():
+    assert torch.equal(state[k], v), k
+ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(acc.process_index))
+loss = engine(input_ids=ids, labels=ids).loss
+acc.backward(loss)
+assert torch.isfinite(loss), loss
+acc.print("FROM_PRETRAINED partitioned")
+
+# from_config: built partitioned too.
+model = AutoModelForCausalLM.from_config(config)
+assert model.transformer.wte.weight.ds_tensor.numel() == WTE // 2
+acc.print("FROM_CONFIG partitioned")
+
+# zero3_init_flag=False: transformers builds the model whole on every process.
+acc = fresh(DeepSpeedPlugin(zero_stage=3, zero3_init_flag=False))
+assert not is_deepspeed_zero3_enabled()
+model = GPT2LMHeadModel.from_pretrained(out / "tiny")
+w = model.transformer.wte.weight
+assert w.numel() == WTE and not hasattr(w, "ds_tensor")
+assert torch.equal(w, saved["transformer.wte.weight"])
+acc.print("FLAG_OFF whole")
+"""
+
+
+def test_zero3_init_flag_partitions_transformers_models_as_they_are_built(write_script, tmp_path: Path):
+    pytest.importorskip("transformers")
+    proc = launch(write_script(ZERO3_INIT_FLAG), str(tmp_path), timeout=900)
+    for marker in ("FROM_PRETRAINED partitioned", "FROM_CONFIG partitioned", "FLAG_OFF whole"):
+        assert marker in proc.stdout, proc.stdout
