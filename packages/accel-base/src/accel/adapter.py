@@ -237,6 +237,8 @@ class Adapter:
         }
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `get_rng_state` returned (`load_state`, resume). Base: Python, NumPy and torch's
+        CPU generator; an adapter with device generators restores them too, exactly."""
         random.setstate(_to_tuple(state["python"]))
         n = state["numpy"]
         np.random.set_state(
@@ -267,6 +269,8 @@ class Adapter:
     vendor scaler); None: the core's, built from `autocast`, `make_grad_scaler` and `optimizer_step`."""
 
     def supports_precision(self, precision: str) -> bool:
+        """Whether `mixed_precision=precision` can run here (checked when the Accelerator is built and by
+        `accel launch`). Base: `precision in capabilities.precisions`."""
         return precision in self.capabilities.precisions
 
     def autocast(
@@ -317,6 +321,9 @@ class Adapter:
         return self.compile_model(model, ctx)
 
     def place_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Move the model onto `ctx.device` (called by `prepare_model` when `ctx.device_placement`).
+        Base: `model.to(ctx.device)`; a device that needs its own move (memory formats, lazy devices)
+        overrides it."""
         return model.to(ctx.device)
 
     def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
@@ -328,6 +335,8 @@ class Adapter:
         return precision.convert_module(model, ctx)
 
     def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Hand the placed, converted model to the run's strategy (DDP, FSDP2, ...), from `prepare_model`.
+        Base: `ctx.strategy.wrap_model(model, ctx)`; an adapter may check the strategy fits its device."""
         return ctx.strategy.wrap_model(model, ctx)
 
     def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
@@ -357,6 +366,8 @@ class Adapter:
 
     # ---- the step ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Run the backward pass of an already scaled loss, from `Accelerator.backward` when the
+        strategy does not run it itself. Base: `loss.backward(**kwargs)`."""
         loss.backward(**kwargs)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -372,6 +383,9 @@ class Adapter:
         return type(self).optimizer_step is not Adapter.optimizer_step
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+        """Step the optimizer (from `AcceleratedOptimizer.step`, on the steps that sync; under fp16 the
+        precision's grad scaler calls it after unscaling, so a vendor step composes with scaling).
+        Base: `optimizer.step(closure)`."""
         return optimizer.step(closure) if closure is not None else optimizer.step()
 
     def after_optimizer_step(self) -> None:
@@ -380,6 +394,9 @@ class Adapter:
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
+        """Clip gradients to `max_norm` and return the total norm, from `Accelerator.clip_grad_norm_`
+        when the strategy does not clip itself (gradients are unscaled first). Base: torch's
+        `clip_grad_norm_`; a vendor's fused clip goes here."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # ---- strategies -----------------------------------------------------------------------
@@ -414,6 +431,7 @@ class Adapter:
         return {} if cls.options_class is None else cls.options_class.launch_env(args)
 
     def describe(self) -> str:
+        """One line for `accel env` and logs: the adapter, whether it is emulated, its device type and backend."""
         mode = " (emulated on cpu)" if self.emulate else ""
         return f"{self.name}{mode}: device={self.device_type} backend={self.backend}"
 
