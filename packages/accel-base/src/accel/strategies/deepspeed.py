@@ -316,17 +316,17 @@ class DeepSpeedStrategy(Strategy):
         self._accumulation_steps = int(config["gradient_accumulation_steps"])
 
         deepspeed = self._init_distributed(ctx.adapter.backend)
-        engine_input = client_opt
+        ds_client_optimizer = client_opt
         if client_opt is not None and dummy_opt is None and offloads_to_cpu_optimizer(config):
             # ZeRO-Offload steps on the host with DeepSpeed's CPU optimizer (Accelerate's mapping).
-            engine_input = map_pytorch_optim_to_deepspeed(client_opt)
-            if type(engine_input).__name__ == "DeepSpeedCPUAdagrad":
+            ds_client_optimizer = map_pytorch_optim_to_deepspeed(client_opt)
+            if type(ds_client_optimizer).__name__ == "DeepSpeedCPUAdagrad":
                 # DeepSpeed's client-optimizer check knows only its CPU Adam and Lion, though it builds
                 # CPU Adagrad itself for a config's Adagrad under offload: accept the mapped one.
                 config["zero_force_ds_cpu_optimizer"] = False
         engine, engine_opt, _, engine_sched = deepspeed.initialize(
             model=model,
-            optimizer=None if dummy_opt is not None else engine_input,
+            optimizer=None if dummy_opt is not None else ds_client_optimizer,
             model_parameters=[{"params": g["params"]} for g in dummy_opt.param_groups] if dummy_opt else None,
             lr_scheduler=scheduler_arg,
             config=config,
