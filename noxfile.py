@@ -279,6 +279,10 @@ def compat(session: nox.Session) -> None:
     install_base(session)
     session.install("accelerate==1.15.0", "transformers>=4.50", "pytest", "pytest-timeout", TORCH)
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
+    # accel-base tests that compare against Accelerate or train a transformers model skip in the
+    # quick session; here both are installed (their own conftest, so a run of their own).
+    compared = ["test_parallelism_transformers.py", "test_parallelism_dp.py", "test_fsdp_plugin.py"]
+    session.run("pytest", *[f"{BASE}/tests/{name}" for name in compared], "-q", "--timeout=600", "-rs")
 
 
 @nox.session(python=PYTHON)
