@@ -1,6 +1,6 @@
-"""Why a name of the peer library is not in accel, and what to use instead.
+"""Why a name of Accelerate is not in accel, and what to use instead.
 
-`missing_attribute` answers for a name accel lacks: modules that mirror the peer library's
+`missing_attribute` answers for a name accel lacks: modules that mirror Accelerate's
 (`accel`, `accel.utils`, `accel.data_loader`, ...) call it from their `__getattr__`. A
 deliberate omission imports as a stand-in whose use says why and what to use instead (an
 import error could not carry the reason); other names raise AttributeError. docs/accelerate_compat.md is generated from these reasons
@@ -16,10 +16,10 @@ from .errors import AccelError
 
 _BIG_MODEL = (
     "big-model inference (device maps, offloading, quantized loading) is outside accel's scope: load with "
-    "transformers' `from_pretrained(device_map=...)` or keep using the peer library's big_modeling for inference"
+    "transformers' `from_pretrained(device_map=...)` or keep using Accelerate's `big_modeling` for inference"
 )
 _LAUNCHER = (
-    "launcher internals of the peer library: `accel launch` (torchrun underneath) accepts `accelerate launch`'s "
+    "launcher internals of Accelerate: `accel launch` (torchrun underneath) accepts `accelerate launch`'s "
     "flags and sets up the processes itself"
 )
 _PARALLEL = (
@@ -27,8 +27,7 @@ _PARALLEL = (
     "DeepSpeed sequence parallelism and the deprecated TP plugin are not supported"
 )
 _STRATEGY = (
-    "FSDP/DeepSpeed internals of the peer library: accel's strategies do this inside `prepare`, `save_state` and "
-    "`save_model`"
+    "FSDP/DeepSpeed internals of Accelerate: accel's strategies do this inside `prepare`, `save_state` and `save_model`"
 )
 _FP8 = "fp8 conversion is done by the adapter's precision object: `Accelerator(mixed_precision='fp8')` with a recipe"
 _HARDWARE = (
@@ -53,10 +52,10 @@ REASONS: dict[str, str] = {
         "Accelerate's; SageMaker is not supported"
     ),
     r"MegatronLM.*|.*TrainStep|megatron_lm_.*|add_model_config_to_megatron_parser": (
-        "Megatron-LM support comes from the accel-megatron package (`pip install accel-megatron`)"
+        "Megatron-LM support comes from the accel-megatron package (`pip install 'accel-megatron[megatron]'`)"
     ),
     r"avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
-        "Megatron-LM support comes from the accel-megatron package (`pip install accel-megatron`)"
+        "Megatron-LM support comes from the accel-megatron package (`pip install 'accel-megatron[megatron]'`)"
     ),
     r"MSAMPRecipeKwargs": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
     r"LocalSGD": "local SGD is not implemented; synchronise every step or use gradient accumulation",
@@ -64,13 +63,13 @@ REASONS: dict[str, str] = {
         "accel's prepared loaders resume through `skip_first_batches(loader, n)` or "
         "`DataLoaderConfiguration(use_stateful_dataloader=True)`, without these wrapper classes"
     ),
-    r"ThreadLocalSharedDict|do_nothing": "internal helper of the peer library's state objects",
+    r"ThreadLocalSharedDict|do_nothing": "internal helper of Accelerate's state objects",
     r"(SAFE_)?(MODEL|WEIGHTS|OPTIMIZER|SCHEDULER|SCALER|SAMPLER|RNG_STATE)(_INDEX|_PATTERN)?_NAME|PROFILE_PATTERN_NAME": (
         "accel's checkpoint files are named in its manifest (docs/checkpoints.md); use `save_state`/`load_state` "
         "and `save_model` rather than file names"
     ),
     r"TORCH_LAUNCH_PARAMS|TORCH_DISTRIBUTED_OPERATION_TYPES|.*_PROFILING_AVAILABLE_PYTORCH_VERSION": (
-        "constant of the peer library's launcher and profiler internals"
+        "constant of Accelerate's launcher and profiler internals"
     ),
     r"TorchTensorParallelPlugin|DeepSpeedSequenceParallelConfig": _PARALLEL,
     r"get_model_tp_size|torch_tp_plugin": _PARALLEL,
@@ -87,18 +86,18 @@ REASONS: dict[str, str] = {
     r"get_grad_scaler|get_mixed_precision_context_manager": (
         "the adapter in use owns the grad scaler and autocast: use `accelerator.scaler` and `accelerator.autocast()`"
     ),
-    r"move_to_device|patch_optimizer_step": "internal helper of the peer library's optimizer wrapper",
+    r"move_to_device|patch_optimizer_step": "internal helper of Accelerate's optimizer wrapper",
     r"test_launch|set_numa_affinity|check_os_kernel|get_cpu_distributed_information": _LAUNCHER,
     r"downcast_bfloat": "a bf16 downcast flag of one hardware runtime: set by that hardware's adapter, not the core",
 }
 
 
 class AccelerateNameError(AccelError, AttributeError):
-    """A name of the peer library that accel does not provide; the message says why and what to use."""
+    """A name of Accelerate that accel does not provide; the message says why and what to use."""
 
 
 class Unsupported:
-    """Stand-in for a peer-library name accel deliberately lacks: importing it works (so a script's
+    """Stand-in for an Accelerate name accel deliberately lacks: importing it works (so a script's
     import line is not where it breaks), and using it raises `NotImplementedError` saying why."""
 
     def __init__(self, qualified_name: str, reason: str) -> None:
@@ -117,7 +116,7 @@ class Unsupported:
 
 
 def reason_for(name: str) -> str | None:
-    """Why accel lacks the peer library's `name` (None if it is not a known omission)."""
+    """Why accel lacks Accelerate's `name` (None if it is not a known omission)."""
     for pattern, reason in REASONS.items():
         if re.fullmatch(pattern, name):
             return reason
@@ -125,7 +124,7 @@ def reason_for(name: str) -> str | None:
 
 
 def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> Any:
-    """What `accel_module.name` gives for a name accel lacks that the peer library has as `accelerate_module.name`.
+    """What `accel_module.name` gives for a name accel lacks that Accelerate has as `accelerate_module.name`.
 
     A deliberate omission (`REASONS`) gives an `Unsupported` stand-in whose use raises
     `NotImplementedError` with the reason; any other name raises `AttributeError` (for
@@ -140,5 +139,5 @@ def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> A
         raise AccelerateNameError(f"`{accelerate_module}.{name}`: {_HARDWARE}.")
     raise AttributeError(
         f"module {accel_module!r} has no attribute {name!r} (docs/accelerate_compat.md lists what accel "
-        f"provides for the peer library's `{accelerate_module}`)"
+        f"provides for `{accelerate_module}`)"
     )

@@ -1,9 +1,10 @@
-"""What scripts import from the peer library's `utils`, under the same names (`accelerate.utils` -> `accel.utils`).
+"""What scripts import from Accelerate's `utils`, under the same names (`accelerate.utils` -> `accel.utils`).
 
 The functions live in modules named for their concern (`accel.ops`, `accel.operations`,
 `accel.environment`, `accel.imports`, `accel.memory`, `accel.rng`, `accel.handlers`, ...);
-this module gathers them. A name of the peer library's `utils` that accel does not provide
-raises an `AttributeError` saying why and what to use (docs/accelerate_compat.md).
+this module gathers them. A name of Accelerate's `utils` that accel deliberately leaves out
+imports as a stand-in whose use raises `NotImplementedError` saying why and what to use
+instead; any other missing name raises `AttributeError` (docs/accelerate_compat.md lists both).
 """
 
 from __future__ import annotations
