@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from accel import Accelerator
+from accel import Accelerator, checkpoint_validate
 from accel import checkpoint as ckpt
 
 
@@ -53,9 +53,9 @@ def test_optimizer_state_goes_through_the_host_when_the_adapter_asks(
     opt.state.clear()
     counter.value = torch.zeros(2)
     locations: list[Any] = []
-    real_load = ckpt.load_torch
+    real_load = checkpoint_validate.load_torch
     monkeypatch.setattr(
-        ckpt,
+        checkpoint_validate,  # where load_state reads its files
         "load_torch",
         lambda path, map_location="cpu", **kw: locations.append(map_location) or real_load(path, map_location, **kw),
     )

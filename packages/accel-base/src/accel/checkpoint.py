@@ -7,7 +7,9 @@
 - Every rank agrees at each phase: a save or load that fails on one rank raises the same
   `CheckpointError` on all of them instead of leaving the others waiting in a collective.
   A failed save removes its staging directory; a failed load changes none of the live
-  objects, because everything is read and checked before anything is applied.
+  objects, because everything is read and checked before anything is applied
+  (`accel.checkpoint_validate`), what can be restored from a snapshot is applied next, and
+  the models, which cannot, last.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import torch
 from . import checkpoint_layout as layout
 from .checkpoint_io import (
     hash_file,
-    load_json,
     load_safetensors,
     load_torch,
     parse_size,
@@ -39,19 +40,13 @@ from .checkpoint_layout import (
     OLD_SUFFIX,
     TMP_SUFFIX,
     checkpoint_number,
+    file_name,
     is_complete,
     list_checkpoints,
     prune,
 )
-from .checkpoint_validate import (
-    check_loader_states,
-    check_mapping,
-    check_model_state,
-    check_optimizer_state,
-    check_rng_state,
-    check_scaler_state,
-)
-from .compile import strip_compile, unwrap_through
+from .checkpoint_validate import read_and_check, warn_if_unverified
+from .compile import strip_compile
 from .errors import CheckpointError
 from .tree import send_to_device
 
@@ -76,10 +71,6 @@ __all__ = [
     "save_torch",
     "write_model_files",
 ]
-
-
-def _name(kind: str, i: int, ext: str) -> str:
-    return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
 
 
 # ---- agreement between ranks ----------------------------------------------------------------
@@ -201,16 +192,16 @@ def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: boo
     files: list[str] = list(custom or [])
     if writer:
         for i, sd in enumerate(models):
-            name = _name("model", i, "safetensors" if safe else "bin")
+            name = file_name("model", i, "safetensors" if safe else "bin")
             hashes[name] = write_weights(sd, staging / name, safe)
         optimizers = prepared.optimizers if custom is None else []
         for i, opt in enumerate(optimizers):
-            hashes[_name("optimizer", i, "bin")] = save_torch(
-                host(opt.state_dict()), staging / _name("optimizer", i, "bin")
+            hashes[file_name("optimizer", i, "bin")] = save_torch(
+                host(opt.state_dict()), staging / file_name("optimizer", i, "bin")
             )
         for i, sched in enumerate(prepared.schedulers):
-            hashes[_name("scheduler", i, "bin")] = save_torch(
-                sched.state_dict(), staging / _name("scheduler", i, "bin")
+            hashes[file_name("scheduler", i, "bin")] = save_torch(
+                sched.state_dict(), staging / file_name("scheduler", i, "bin")
             )
         if prepared.scaler is not None:
             hashes["scaler.pt"] = save_torch(prepared.scaler.state_dict(), staging / "scaler.pt")
@@ -268,7 +259,8 @@ def load_state(
     """Restore what `save_state` wrote into the prepared objects. Returns the manifest.
 
     Everything is read, verified against the recorded hashes and checked against the live
-    objects before anything is applied, on every rank.
+    objects before anything is applied, on every rank. A checkpoint without recorded hashes
+    loads unverified, with one `UserWarning` saying so.
 
     Raises:
         CheckpointError: no complete checkpoint at `input_dir`, or any file is missing, damaged,
@@ -291,8 +283,8 @@ def load_state(
 
     custom = list(found.manifest.get("strategy_files", []))
     if ctx.is_main_process:
-        _warn_if_unverified(found)
-    plan, error = _attempt(lambda: _read_and_check(prepared, ctx, found, strict, custom))
+        warn_if_unverified(found)
+    plan, error = _attempt(lambda: read_and_check(prepared, ctx, found, strict, custom))
     _raise_if_failed(_agree(ctx, error), error, what)
     assert plan is not None
 
@@ -331,25 +323,6 @@ def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
     return result
 
 
-def _warn_if_unverified(found: layout.Located) -> None:
-    """Once per load: which files have no recorded SHA-256, and so load unverified."""
-    listed = [*found.manifest.get("files", []), *found.manifest.get("rng_files", [])]
-    hashed = set(found.hashes)
-    bare = [n for n in listed if n not in hashed and not any(h.startswith(n + "/") for h in hashed)]
-    if not bare:
-        return
-    if "sha256" not in found.manifest and found.manifest.get("format", 1) == 1:
-        why = "it was written by an accel release that recorded no hashes"
-    else:
-        why = f"its manifest records none for {', '.join(bare[:6])}{' and others' if len(bare) > 6 else ''}"
-    warnings.warn(
-        f"Checkpoint {found.directory} is unverified: {why}, so a corrupted or changed file may load silently. "
-        "Saving it again with save_state records a SHA-256 for every file.",
-        UserWarning,
-        stacklevel=4,
-    )
-
-
 def _finish_interrupted(directory: Path) -> None:
     if (directory / layout.STAGING / MANIFEST).is_file() and not (directory / MANIFEST).is_file():
         layout.recover(directory)
@@ -365,69 +338,6 @@ def _locate(directory: Path) -> layout.Located:
         f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
         "or is not an accel checkpoint. Load an earlier checkpoint."
     )
-
-
-def _read_and_check(
-    prepared: Prepared, ctx: RunContext, found: layout.Located, strict: bool, custom: list[str]
-) -> dict[str, Any]:
-    """Every file this rank needs, read and verified, and checked against the live objects.
-
-    Returns the plan `_apply_undoable` and the models' load follow: each entry keeps the file
-    it came from, so that an error while applying still names it.
-    """
-    plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
-    rank, world = ctx.process_index, ctx.num_processes
-    # Files a strategy reads itself are verified here, each by one rank (they can be large).
-    for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
-        if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
-            raise CheckpointError(
-                f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
-                "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
-            )
-
-    def torch_file(name: str, **kw: Any) -> Any:
-        return load_torch(found.path(name), sha256=found.sha256(name), **kw)
-
-    if not custom:
-        for i, model in enumerate(prepared.models):
-            name = _name("model", i, "safetensors")
-            if found.path(name).is_file():
-                sd = load_safetensors(found.path(name), sha256=found.sha256(name))
-            else:
-                name = _name("model", i, "bin")
-                sd = torch_file(name)
-            live = unwrap_through(model, ctx.strategy).state_dict()
-            check_model_state(live, sd, found.path(name), strict=strict)
-            plan["models"].append((model, sd))
-        location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
-        for i, opt in enumerate(prepared.optimizers):
-            name = _name("optimizer", i, "bin")
-            sd = torch_file(name, map_location=location)
-            check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
-            plan["optimizers"].append((opt, sd, found.path(name)))
-    for i, sched in enumerate(prepared.schedulers):
-        name = _name("scheduler", i, "bin")
-        state = torch_file(name)
-        check_mapping(state, found.path(name), "scheduler")
-        plan["objects"].append((sched, state, found.path(name), "scheduler"))
-    if prepared.scaler is not None:
-        state = torch_file("scaler.pt")
-        check_scaler_state(state, prepared.scaler.state_dict(), found.path("scaler.pt"))
-        plan["objects"].append((prepared.scaler, state, found.path("scaler.pt"), "grad scaler"))
-    if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
-        path = found.path("dataloaders.json")
-        states = load_json(path, sha256=found.sha256("dataloaders.json"))
-        check_loader_states(states, path)
-        plan["objects"] += [(dl, st, path, "data loader") for dl, st in zip(prepared.dataloaders, states)]
-    for i, obj in enumerate(prepared.custom_objects):
-        name = f"custom_checkpoint_{i}.bin"
-        plan["objects"].append((obj, torch_file(name), found.path(name), "registered object"))
-    rng = f"random_states_{ctx.process_index}.pt"
-    plan["rng"] = None
-    if found.path(rng).is_file() or rng in found.hashes:
-        plan["rng"] = (torch_file(rng), found.path(rng))
-        check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
-    return plan
 
 
 def _apply_undoable(ctx: RunContext, plan: dict[str, Any]) -> tuple[list[tuple[Any, Any]], Exception | None]:

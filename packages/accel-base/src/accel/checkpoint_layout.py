@@ -80,6 +80,11 @@ class Located:
         return self.hashes.get(name)
 
 
+def file_name(kind: str, i: int, ext: str) -> str:
+    """The file of the i-th prepared object of a kind: `optimizer.bin`, `optimizer_1.bin`, ..."""
+    return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
+
+
 def owned_names(manifest: dict[str, Any]) -> list[str]:
     """Top-level names a manifest says accel wrote (files and strategy directories)."""
     names = [*manifest.get("files", []), *manifest.get("rng_files", [])]
@@ -243,7 +248,7 @@ def seal(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
             f"lists (an Accelerate checkpoint, or an accel one whose manifest was lost). Every other file there is "
             f"kept.{kept}",
             UserWarning,
-            stacklevel=2,
+            stacklevel=6,
         )
     save_json(manifest, staging / MANIFEST)
 

@@ -1,4 +1,4 @@
-"""Checks that a loaded state fits the live object, run before anything is applied.
+"""Reading a checkpoint for `load_state`, and the checks that it fits the live objects, before anything is applied.
 
 `torch.nn.Module.load_state_dict` copies every matching tensor before it reports a missing
 key or a wrong shape, and `Optimizer.load_state_dict` accepts state tensors of any shape:
@@ -8,12 +8,101 @@ both would leave the live objects half-overwritten or silently wrong. These chec
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .checkpoint_io import hash_file, load_json, load_safetensors, load_torch
+from .checkpoint_layout import Located, file_name
+from .compile import unwrap_through
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .prepared import Prepared, RunContext
+
+
+def read_and_check(
+    prepared: Prepared, ctx: RunContext, found: Located, strict: bool, custom: list[str]
+) -> dict[str, Any]:
+    """Every file this rank needs, read and verified, and checked against the live objects.
+
+    Returns the plan ``accel.checkpoint` applies: each entry keeps the file
+    it came from, so that an error while applying still names it.
+    """
+    plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
+    rank, world = ctx.process_index, ctx.num_processes
+    # Files a strategy reads itself are verified here, each by one rank (they can be large).
+    for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
+        if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
+            raise CheckpointError(
+                f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
+                "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
+            )
+
+    def torch_file(name: str, **kw: Any) -> Any:
+        return load_torch(found.path(name), sha256=found.sha256(name), **kw)
+
+    if not custom:
+        for i, model in enumerate(prepared.models):
+            name = file_name("model", i, "safetensors")
+            if found.path(name).is_file():
+                sd = load_safetensors(found.path(name), sha256=found.sha256(name))
+            else:
+                name = file_name("model", i, "bin")
+                sd = torch_file(name)
+            live = unwrap_through(model, ctx.strategy).state_dict()
+            check_model_state(live, sd, found.path(name), strict=strict)
+            plan["models"].append((model, sd))
+        location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
+        for i, opt in enumerate(prepared.optimizers):
+            name = file_name("optimizer", i, "bin")
+            sd = torch_file(name, map_location=location)
+            check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
+            plan["optimizers"].append((opt, sd, found.path(name)))
+    for i, sched in enumerate(prepared.schedulers):
+        name = file_name("scheduler", i, "bin")
+        state = torch_file(name)
+        check_mapping(state, found.path(name), "scheduler")
+        plan["objects"].append((sched, state, found.path(name), "scheduler"))
+    if prepared.scaler is not None:
+        state = torch_file("scaler.pt")
+        check_scaler_state(state, prepared.scaler.state_dict(), found.path("scaler.pt"))
+        plan["objects"].append((prepared.scaler, state, found.path("scaler.pt"), "grad scaler"))
+    if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
+        path = found.path("dataloaders.json")
+        states = load_json(path, sha256=found.sha256("dataloaders.json"))
+        check_loader_states(states, path)
+        plan["objects"] += [(dl, st, path, "data loader") for dl, st in zip(prepared.dataloaders, states)]
+    for i, obj in enumerate(prepared.custom_objects):
+        name = f"custom_checkpoint_{i}.bin"
+        plan["objects"].append((obj, torch_file(name), found.path(name), "registered object"))
+    rng = f"random_states_{ctx.process_index}.pt"
+    plan["rng"] = None
+    if found.path(rng).is_file() or rng in found.hashes:
+        plan["rng"] = (torch_file(rng), found.path(rng))
+        check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
+    return plan
+
+
+def warn_if_unverified(found: Located) -> None:
+    """Once per load: which files have no recorded SHA-256, and so load unverified."""
+    listed = [*found.manifest.get("files", []), *found.manifest.get("rng_files", [])]
+    hashed = set(found.hashes)
+    bare = [n for n in listed if n not in hashed and not any(h.startswith(n + "/") for h in hashed)]
+    if not bare:
+        return
+    if "sha256" not in found.manifest and found.manifest.get("format", 1) == 1:
+        why = "it was written by an accel release that recorded no hashes"
+    else:
+        why = f"its manifest records none for {', '.join(bare[:6])}{' and others' if len(bare) > 6 else ''}"
+    warnings.warn(
+        f"Checkpoint {found.directory} is unverified: {why}, so a corrupted or changed file may load silently. "
+        "Saving it again with save_state records a SHA-256 for every file.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def check_model_state(live: dict[str, Any], loaded: dict[str, Any], path: Path, *, strict: bool) -> None:
