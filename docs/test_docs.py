@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import csv
+import json
 import re
 from pathlib import Path
 
@@ -63,3 +65,60 @@ def test_the_api_check_sees_a_name_without_an_entry(tmp_path: Path) -> None:
     names = static_all(module)
     assert names == ["Documented", "Forgotten"]
     assert "accel.Accelerator" in documented() and "accel.Forgotten" not in documented()
+
+
+BENCH = ROOT / "docs" / "assets" / "benchmarks"
+
+
+def table_rows(page: str, header_start: str) -> list[list[str]]:
+    """The body rows of the first markdown table whose header row starts with `header_start`."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header_start}"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_performance_page_quotes_the_committed_benchmark_data() -> None:
+    page = (ROOT / "docs" / "performance.md").read_text()
+    reference: dict[tuple[str, str], list[float]] = {}
+    with (BENCH / "steps_reference.csv").open() as f:
+        for row in csv.DictReader(f):
+            reference[row["hidden"], row["ratio"]] = [float(v) for v in row["run_medians"].split(";")]
+    for hidden, same, default in table_rows(page, "hidden"):
+        for cell, ratio in ((same, "accel/raw_ddp_same_settings"), (default, "accel/raw_ddp_default")):
+            runs = reference[hidden, ratio]
+            assert cell == f"{min(runs):.2f}-{max(runs):.2f}", (hidden, ratio, cell, runs)
+
+    memory = {
+        row["strategy"]: float(row["per_rank_mb"])
+        for row in csv.DictReader((BENCH / "memory.csv").read_text().splitlines())
+    }
+    names = {"DDP": "ddp", "FSDP2": "fsdp2", **{f"DeepSpeed ZeRO-{s}": f"deepspeed-zero{s}" for s in (1, 2, 3)}}
+    shown = {names[row[0]]: float(row[1]) for row in table_rows(page, "strategy")}
+    assert shown == {name: round(mb, 1) for name, mb in memory.items()}
+
+    ckpt = json.loads((BENCH / "checkpoint.json").read_text())["data"]
+    loader = json.loads((BENCH / "loader.json").read_text())["data"]
+    expected = [
+        ckpt["accel_save"] / ckpt["plain_save"],
+        ckpt["accel_load"] / ckpt["plain_load"],
+        ckpt["accel_load"] / ckpt["accel_load_unverified"],
+        loader["accel"] / loader["plain_distributed_sampler"],
+        loader["accel_dispatch"] / loader["plain_distributed_sampler"],
+    ]
+    assert [float(row[1]) for row in table_rows(page, "operation")] == [round(v, 2) for v in expected]
+
+    calls = json.loads((BENCH / "steps.json").read_text())["data"]["64"]["python_calls_per_step"]
+    assert f"raw DDP {calls['raw_ddp_same_settings']:.0f}, accel {calls['accel']:.0f}" in page
+
+
+def test_the_development_log_is_not_in_the_site_navigation() -> None:
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = config[config.index("\nnav:") :]
+    assert "benchmark-log" not in nav
+    assert (ROOT / "docs" / "dev" / "benchmark-log.md").is_file()
+    assert "(dev/" not in (ROOT / "docs" / "performance.md").read_text(), "the user page links no development log"
