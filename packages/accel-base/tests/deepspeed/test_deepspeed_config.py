@@ -188,6 +188,9 @@ def test_hidden_size_auto_keys_are_filled_from_the_model_as_accelerate_does():
         r"\['zero_optimization.reduce_bucket_size', 'zero_optimization.stage3_prefetch_bucket_size'",
     ):
         resolve_config(DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero}), values())
+    # A model without any `config`: Accelerate's other text.
+    with pytest.raises(DeepSpeedConfigError, match=r"^Can't find `model.config` entry, therefore it's not possible"):
+        resolve_config(DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero}), values(model_has_config=False))
 
 
 def test_model_hidden_size_reads_hidden_size_or_the_largest_hidden_sizes():

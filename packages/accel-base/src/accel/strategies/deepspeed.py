@@ -307,6 +307,7 @@ class DeepSpeedStrategy(Strategy):
                 dummy_optimizer=dummy_opt,
                 dummy_scheduler=dummy_sched,
                 hidden_size=model_hidden_size(model),
+                model_has_config=hasattr(model, "config"),
                 split_batches=ctx.split_batches,
             ),
             adapter_defaults=ctx.adapter_defaults,

@@ -221,6 +221,8 @@ class AcceleratorValues:
     hidden_size: int | None = None
     """The model's `config.hidden_size` (or the largest of `config.hidden_sizes`), for the "auto" keys
     sized by it; None when the model has no such config."""
+    model_has_config: bool = True
+    """Whether the model has a `config` attribute at all (for the error text when it is needed)."""
     split_batches: bool = False
     """Whether batches are split over processes (then a DummyScheduler's total steps are not divided)."""
 
@@ -297,7 +299,7 @@ def resolve_config(
     _settle(config, "gradient_clipping", "gradient_clipping", plugin.gradient_clipping, "DeepSpeedPlugin", clip_default)
     _resolve_precision(config, values.mixed_precision)
     _resolve_zero(config, plugin, defaults)
-    _resolve_hidden_size_keys(config, values.hidden_size)
+    _resolve_hidden_size_keys(config, values.hidden_size, values.model_has_config)
     _resolve_optimizer(config, values)
     _fill_defaults(config, defaults)
     for key, value in plugin.extra_config.items():
@@ -354,18 +356,23 @@ def _resolve_zero(config: dict[str, Any], plugin: DeepSpeedPlugin, defaults: dic
 HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
-def _resolve_hidden_size_keys(config: dict[str, Any], hidden_size: int | None) -> None:
-    """Fill "auto" bucket sizes from the model's hidden size, with Accelerate's formulas."""
+def _resolve_hidden_size_keys(config: dict[str, Any], hidden_size: int | None, has_config: bool = True) -> None:
+    """Fill "auto" bucket sizes from the model's hidden size, with Accelerate's formulas and messages."""
     zero = config.get("zero_optimization", {})
     wanted = [key for key in HIDDEN_SIZE_KEYS if zero.get(key) == AUTO]
     if not wanted:
         return
     if hidden_size is None:
         names = [f"zero_optimization.{key}" for key in wanted]
+        missing = (
+            "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`"
+            if has_config
+            else "Can't find `model.config` entry"
+        )
         raise DeepSpeedConfigError(
-            "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, therefore it's not possible "
-            f"to automatically fill out the following `auto` entries in the DeepSpeed config file: {names}. You can "
-            "fix that by replacing `auto` values for these keys with an integer value of your choice."
+            f"{missing}, therefore it's not possible to automatically fill out the following `auto` entries in the "
+            f"DeepSpeed config file: {names}. You can fix that by replacing `auto` values for these keys with an "
+            "integer value of your choice."
         )
     sizes = {
         "reduce_bucket_size": hidden_size * hidden_size,
