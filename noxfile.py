@@ -173,7 +173,8 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
     install_base(session)
     session.install("pytest", "pytest-timeout", "-e", "docs/examples/accel-example-adapter")
-    session.run("pytest", "docs/test_docs.py", "docs/examples/accel-example-adapter/tests", "-q", "--timeout=900")
+    pages = ["docs/test_docs.py", "docs/test_names.py", "docs/test_release_metadata.py"]
+    session.run("pytest", *pages, "docs/examples/accel-example-adapter/tests", "-q", "--timeout=900")
 
 
 @nox.session(name="hardware_ci", python=PYTHON)

@@ -55,7 +55,7 @@ NOTES = {
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
     "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
-    "parallelism_config": "the ParallelismConfig given (or built from a launcher's settings); it composes on FSDP2",
+    "parallelism_config": "the ParallelismConfig given (or built from a launcher's settings): sharded sizes compose on FSDP2, replicate-only configs run as DDP",
     "torch_device_mesh": "the ParallelismConfig's named mesh, else the FSDP2 strategy's 1-D mesh, else None",
     "multi_device": "True for data-parallel runs on accelerator devices (False on CPUs, as in Accelerate)",
     "join_uneven_inputs": "DDP models join on every device (not only GPUs); other models warn and do nothing",

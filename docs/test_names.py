@@ -14,19 +14,10 @@ ROOT = Path(__file__).parents[1]
 
 SHORTHAND = re.compile(r"\b(peer|seed)[- ](library|libraries|project|package)\b", re.I)
 
-# Files owned by other engineers that still carry the phrase at the time of writing. Each entry
-# must still match (the test fails once it is fixed, so the entry is removed with the fix).
-# docs/accelerate_compat.md is generated from accel/compat_table.py: regenerating it with
-# `nox -s compat` (compat_tests/gen_compat_table.py) clears it.
-PENDING = {
-    "docs/accelerate_compat.md",
-    "packages/accel-base/src/accel/accelerate_objects.py",
-    "packages/accel-base/src/accel/state.py",
-    "packages/accel-base/src/accel/data.py",
-    "packages/accel-base/src/accel/data_iterable.py",
-    "packages/accel-base/src/accel/testing/catalogue.py",
-    "packages/accel-base/src/accel/testing/suite.py",
-}
+# Files that may still carry the phrase while someone fixes them (none now). Each entry must still
+# match (the test fails once it is fixed, so the entry is removed with the fix).
+# docs/accelerate_compat.md is generated from accel/compat_table.py (compat_tests/gen_compat_table.py).
+PENDING: set[str] = set()
 
 
 def user_facing_files() -> list[Path]:

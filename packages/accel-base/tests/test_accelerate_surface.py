@@ -145,7 +145,7 @@ def test_seedable_sampler_draws_what_torch_random_sampler_draws_from_the_same_se
     )
 
 
-def test_prepare_data_loader_with_the_peer_library_signature_and_a_batch_sampler_as_sampler() -> None:
+def test_prepare_data_loader_with_accelerates_signature_and_a_batch_sampler_as_sampler() -> None:
     dataset = TensorDataset(torch.arange(12))
     # A dataset reading whole batches: the loader's sampler is a BatchSampler, its batch_size None.
     loader = DataLoader(dataset, sampler=BatchSampler(SequentialSampler(dataset), 4, False), batch_size=None)
@@ -158,7 +158,7 @@ def test_prepare_data_loader_with_the_peer_library_signature_and_a_batch_sampler
         prepare_data_loader(DataLoader(dataset, batch_size=3), slice_fn_for_dispatch=lambda *a: a)
 
 
-def test_the_default_shuffle_is_the_peer_librarys_random_sampler_and_is_set_by_set_seed() -> None:
+def test_the_default_shuffle_is_accelerates_random_sampler_and_is_set_by_set_seed() -> None:
     dataset = TensorDataset(torch.arange(20))
     orders = []
     for _ in range(2):

@@ -105,7 +105,7 @@ def _default(field: dataclasses.Field[Any]) -> Any:
 
 
 def convert_accelerator_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The Accelerator's configuration arguments with every peer-library object converted (see `convert`)."""
+    """The Accelerator's configuration arguments with every object of the real Accelerate converted (see `convert`)."""
     out = dict(arguments)
     for role, value in arguments.items():
         if role == "kwargs_handlers" and value is not None:

@@ -247,8 +247,8 @@ def _shuffled_batch_sampler(
 
     Seedable mode replaces a plain `RandomSampler` by a `SeedableRandomSampler`. Default mode
     keeps the user's sampler and, when several processes must agree on its order, gives a
-    `RandomSampler` without a generator one seeded from the global generator, as the peer
-    library does (on the user's sampler object itself, so the same draws happen).
+    `RandomSampler` without a generator one seeded from the global generator, as Accelerate
+    does (on the user's sampler object itself, so the same draws happen).
     """
     batch_sampling = isinstance(dataloader.sampler, BatchSampler)
     base = dataloader.sampler if batch_sampling else dataloader.batch_sampler

@@ -2,8 +2,8 @@
 
 The stream is cut into rounds of `total_batch_size` samples (the loader's batch size times
 the number of processes, or the batch size itself with `split_batches`); rank r keeps
-slice r of every round, so consecutive ranks see consecutive samples, as in the peer
-library's `IterableDatasetShard`. The short last round is
+slice r of every round, so consecutive ranks see consecutive samples, as in Accelerate's
+`IterableDatasetShard`. The short last round is
 
 - dropped with `drop_last`,
 - with `even_batches`, filled with the epoch's first samples so every rank gets a full

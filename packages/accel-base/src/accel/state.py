@@ -1,4 +1,4 @@
-"""Process-wide state, shared by every instance the way peer-library users expect.
+"""Process-wide state, shared by every instance the way Accelerate users expect.
 
 `PartialState` holds the process group, ranks and device; `AcceleratorState` adds the
 precision, the adapter and the strategy; `GradientState` tracks accumulation and the end

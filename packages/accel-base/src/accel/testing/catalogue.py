@@ -129,7 +129,7 @@ CASES: list[ErrorCase] = [
         TypeError,
         r"use `gather_object`",
         lambda _: Accelerator().gather("not a tensor"),
-        needs="distributed",  # one process returns its input as is, as the peer library does
+        needs="distributed",  # one process returns its input as is, as Accelerate does
     ),
     ErrorCase(
         "save_state_without_directory",

@@ -340,7 +340,7 @@ class AdapterConformanceSuite:
             assert r["gather_padded"] == [row for j in range(w) for row in padded(j, False)]
             assert r["gather_object"] == [{"rank": j} for j in range(w)]
             assert r["split"] == chunks[k]
-            # Padded with the input's last item (4), as the peer library pads.
+            # Padded with the input's last item (4), as Accelerate pads.
             assert r["split_padded"] == (chunks[k] + [4] * (len(chunks[0]) - len(chunks[k])))
 
     # ---- mixed precision ----------------------------------------------------------------------------
