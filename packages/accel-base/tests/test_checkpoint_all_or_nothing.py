@@ -72,10 +72,10 @@ def check(case, damage):
     except CheckpointError as exc:
         outcome = f"CheckpointError: {exc}"
     after = snapshot()
-    if damage is None:
-        print(f"rank {accelerator.process_index} {case}: {outcome} restored={same(after, saved)}", flush=True)
-    else:
-        print(f"rank {accelerator.process_index} {case}: {outcome} unchanged={same(after, before)}", flush=True)
+    verdict = f"restored={same(after, saved)}" if damage is None else f"unchanged={same(after, before)}"
+    # One write per line: both ranks share the pipe, and print's separate newline could interleave.
+    sys.stdout.write(f"rank {accelerator.process_index} {case}: {outcome} {verdict}\\n")
+    sys.stdout.flush()
 """
 
 DDP = (
@@ -209,7 +209,7 @@ def _assert_refused(outcomes: dict[tuple[int, str], str], case: str, own: str, o
     """Both ranks raised and changed nothing; the failing rank names the file, the others name it too."""
     for rank in (0, 1):
         got = outcomes.get((rank, case), "")
-        assert got.startswith("CheckpointError: ") and got.endswith("unchanged=True"), (rank, case, got)
+        assert got.startswith("CheckpointError: ") and got.endswith("unchanged=True"), (rank, case, got, outcomes)
         assert re.search(own if other is None or rank == 1 else other, got), (rank, case, got)
 
 

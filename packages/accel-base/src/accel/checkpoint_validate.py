@@ -167,7 +167,8 @@ def check_loader_states(value: Any, path: Path) -> None:
         raise CheckpointError(f"Checkpoint file {path} does not hold data loader positions. Nothing was loaded.")
     for i, state in enumerate(value):
         wrong = [key for key in ("epoch", "batches_yielded") if not _count(state.get(key))]
-        if state.get("seed") is not None and not _count(state["seed"]):
+        seed = state.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             wrong.append("seed")
         rng = state.get("epoch_rng")
         if rng is not None and not (isinstance(rng, dict) and all(_base64(v) for v in rng.values())):
