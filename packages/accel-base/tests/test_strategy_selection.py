@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from accel import Accelerator
 from accel.adapter_options import AdapterOptionsError
 from accel.errors import AccelError, AdapterNotFoundError, StrategyNotFoundError, StrategyNotSupportedError
@@ -43,3 +44,25 @@ def test_a_missing_strategy_has_its_own_error_not_the_adapters() -> None:
         Accelerator(strategy="nope")
     assert isinstance(info.value, AccelError) and isinstance(info.value, ValueError)
     assert not isinstance(info.value, AdapterNotFoundError)
+
+
+def test_deepspeed_missing_from_a_script_names_the_pip_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_deepspeed(name, *args, **kwargs):  # as on a machine without DeepSpeed
+        if name == "deepspeed" or name.startswith("deepspeed."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name="deepspeed")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_deepspeed)
+    from accel.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(
+        ModuleNotFoundError, match=r"DeepSpeed is not installed => run `pip install 'accel-base\[deepspeed\]'`"
+    ):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -70,11 +70,21 @@ def import_deepspeed(device_type: str) -> Any:
     """Import DeepSpeed with its accelerator matching the adapter's device type.
 
     Raises:
+        ModuleNotFoundError: DeepSpeed is not installed (the message names the pip extra).
         RuntimeError: DeepSpeed was already set up for another device type.
     """
     # DeepSpeed picks its accelerator once, at first use; tell it which before that.
     os.environ.setdefault("DS_ACCELERATOR", device_type)
-    import deepspeed
+    try:
+        import deepspeed
+    except ModuleNotFoundError as exc:
+        if exc.name != "deepspeed":
+            raise
+        raise ModuleNotFoundError(
+            "DeepSpeed is not installed => run `pip install 'accel-base[deepspeed]'` (or `pip install deepspeed`), "
+            "or choose another strategy.",
+            name="deepspeed",
+        ) from None
     from deepspeed.accelerator import get_accelerator
 
     name = get_accelerator().device_name()
