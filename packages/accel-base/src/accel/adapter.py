@@ -35,10 +35,30 @@ if TYPE_CHECKING:
     from .prepare import PrepareContext
 
 ADAPTER_API_VERSION = 2
-"""Version of this contract. 2 added `data_parallel_name`, `availability_probes`, `default_strategy` (and
-strategies' `after_backward`) and removed `synchronize` and `memory_stats`, which nothing called."""
+"""Version of this contract (an adapter declares the one it was built for in `Adapter.api_version`).
+
+From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1 adapter changes):
+
+- Added, each with a default: `data_parallel_name`/`data_parallel_type`, `availability_probes`,
+  `default_strategy`, `strategy_aliases`, `options_class`, `accelerate_config_keys`, `precision_class`,
+  `repoints_paired_optimizers`, `has_own_optimizer_step`, `before_process_group`,
+  `process_group_options`, `Capabilities.parallelism`, and the `PrepareContext` fields
+  `adapter_defaults`, `precision` and `optimizers`.
+- Removed: `synchronize` and `memory_stats` (nothing called them; defining them is harmless), and the
+  `PrepareContext` fields `extras` and `ddp_output_device` (reading them raises AttributeError).
+  `PrepareContext` is frozen: assigning to a field raises `dataclasses.FrozenInstanceError`.
+- Changed behaviour: the core re-points optimizers at the parameters `prepare_model` replaced, and
+  schedulers follow an optimizer `prepare_optimizer` replaced (version 1 left both to the adapter);
+  `Capabilities.strategies` is enforced (`StrategyNotSupportedError`); under fp16 the grad scaler
+  steps through `optimizer_step`; `empty_cache`, `manual_seed` and the device RNG hooks call the
+  vendor module's functions of those names when it has them; a data-parallel run reports
+  `DistributedType.MULTI_CPU` unless `data_parallel_name` says otherwise; options given to an
+  adapter without `options_class` or an `__init__` of its own raise `AdapterOptionsError`.
+"""
 SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2})
-"""Versions that load: 2 only adds hooks with defaults to 1, so an adapter built for 1 runs unchanged."""
+"""Versions that load. A version-1 adapter runs on the version-2 core as it is unless it used a removed
+`PrepareContext` field, assigned to one, runs a strategy missing from its `capabilities.strategies`, or
+relies on a behaviour that changed (see `ADAPTER_API_VERSION`); any other version is refused by name."""
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
 
@@ -83,6 +103,8 @@ class Adapter:
     priority: ClassVar[int] = 0
     """Among available adapters the highest priority is chosen when none is named."""
     api_version: ClassVar[int] = ADAPTER_API_VERSION
+    """The contract version the adapter was built for (`ADAPTER_API_VERSION` unless it says otherwise);
+    one outside `SUPPORTED_ADAPTER_API_VERSIONS` is refused by name when adapters are discovered."""
     hardware_device_type: ClassVar[str] = "cpu"
     """torch device type on real hardware (e.g. the vendor's device string)."""
     hardware_backend: ClassVar[str] = "gloo"
@@ -302,10 +324,19 @@ class Adapter:
     a vendor `optimize(model, optimizer)` call); the core then leaves those optimizers as the adapter left them."""
 
     def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
-        """Runs once per `prepare` call before anything is placed (e.g. record parameter identities)."""
+        """Runs once per `prepare` call, after the strategy's `validate_prepare` and before anything is
+        placed, with the objects as given (already prepared ones included); `ctx` carries the
+        Accelerator's default `device_placement` and no `optimizers`. For what concerns the whole call:
+        refusing a combination, a vendor setting a kwargs handler asks for, data-loader options to set
+        before sharding. Parameter identities need no recording here: the core records the parameters
+        `prepare_model` replaces and re-points optimizers itself. Default: nothing."""
 
     def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
-        """Runs once per `prepare` call after everything is prepared (e.g. re-point optimizers)."""
+        """Runs once per `prepare` call after every object is prepared and before the strategy's `setup`,
+        with the prepared objects in the caller's order (models as `prepare_model` returned them,
+        `AcceleratedOptimizer`, `AcceleratedScheduler`, `DataLoaderShard`). For tweaks of prepared
+        objects and per-call clean-up. Optimizers already train the models' current parameters and
+        schedulers already follow a replaced optimizer (the core did both). Default: nothing."""
 
     def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """Placement, then precision, then the strategy, then compilation.

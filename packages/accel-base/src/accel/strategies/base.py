@@ -1,21 +1,37 @@
 """The strategy contract: wrap a model for a way of spreading work, and undo it.
 
 A strategy never sees the Accelerator. Its hooks get what they need as arguments: the
-registry of prepared objects (`accel.prepared.Prepared`), a frozen `RunContext` of the run,
-and for the step just the facts (`sync`: whether this backward closes an accumulation window).
-The prepare walk (one `Accelerator.prepare` call; see docs/architecture.md):
+registry of prepared objects (`accel.prepared.Prepared`), a frozen `RunContext` of the run
+(`wrap_model` gets the adapter's `accel.prepare.PrepareContext` instead), and for the step
+just the facts (`sync`: whether this backward closes an accumulation window). A package
+registers a strategy in the `accel.strategies` entry-point group under its `name`; an
+adapter runs only the strategies in its `Capabilities.strategies`. docs/adapters.md
+("The strategy contract") documents every hook; the prepare walk (one `Accelerator.prepare`
+call; see docs/architecture.md) calls them in this order:
 
-1. `validate_prepare` refuses combinations before anything is touched; the core pairs each
-   model with its optimizers and schedulers by parameter identity (`accel.prepare_group`).
-2. Each model is placed and wrapped (the adapter's `prepare_model`, which calls
-   `wrap_model`); the core records every parameter that replaced another and re-points
-   optimizers at the new ones, once, for every strategy and adapter.
-3. Optimizers and schedulers are wrapped (`prepare_optimizer`/`prepare_scheduler` remain for
-   per-object tweaks; a replacement made there is the strategy's own business).
-4. `setup(group, prepared, ctx)` runs once per group and is the one place where an engine
-   takes a model with its optimizers and schedulers (DeepSpeed's `initialize`); what it
-   returns replaced is put in place by the core, and schedulers follow a replaced optimizer.
-5. `after_prepare` (version-1 strategies; new ones use `setup`), then `accumulation_steps`.
+1. `validate_prepare(objects, ctx)` refuses combinations before anything is touched; the core
+   pairs each model with its optimizers and schedulers by parameter identity
+   (`accel.prepare_group`), then calls the adapter's `before_prepare`.
+2. Models and data loaders, then optimizers, then schedulers, whatever the order given:
+   - a model goes through the adapter's `prepare_model` (placement, precision, then
+     `wrap_model(model, prepare_ctx)` unless in evaluation mode, then compilation); the core
+     records every parameter that replaced another and re-points optimizers at the new ones,
+     once, for every strategy and adapter;
+   - an optimizer, already re-pointed, goes through `prepare_optimizer(optimizer, ctx)` and
+     then the adapter's `prepare_optimizer`; schedulers built on it follow a replacement
+     made by either (except a strategy's when it `rebuilds_schedulers`);
+   - a scheduler goes through `prepare_scheduler(scheduler, prepared, ctx)`.
+3. The adapter's `after_prepare`.
+4. `setup(group, prepared, ctx)` once per group: the one place where an engine takes a model
+   with its optimizers and schedulers (DeepSpeed's `initialize`); what it returns replaced is
+   put in place by the core, and schedulers follow a replaced optimizer.
+5. `after_prepare(objects, prepared, ctx)` (version-1 hook; new strategies use `setup`), then
+   `accumulation_steps()`.
+
+`setup` is the entry new strategies implement. `validate_prepare`, `wrap_model`,
+`prepare_optimizer`, `prepare_scheduler` and `after_prepare` remain for the strategies written
+before it (DDP, FSDP2, Megatron-LM, the adapters' data parallelism); `wrap_model` is still the
+hook for a wrapper that must be in place before compilation.
 """
 
 from __future__ import annotations
@@ -34,11 +50,19 @@ if TYPE_CHECKING:
 
 
 class Strategy:
-    """Base class: a strategy that leaves the model as it is (one process)."""
+    """Base class: a strategy that leaves the model as it is (one process).
+
+    Every hook has a default that does nothing special, so a strategy overrides only what
+    it changes. The Accelerator builds one instance per run, at construction.
+    """
 
     name: ClassVar[str] = "none"
+    """The name users select it by (`Accelerator(strategy=...)`, `ACCEL_STRATEGY`); the same as its
+    entry-point name in `accel.strategies` and the name adapters list in `Capabilities.strategies`."""
 
     def __init__(self, config: Any = None) -> None:
+        """`config`: the strategy's own configuration (`Accelerator(strategy_config=...)` or the plugin
+        that selected it, e.g. `fsdp_plugin=`), None when the user gave none."""
         self.config = config
 
     def distributed_type(self, use_distributed: bool) -> DistributedType | None:
@@ -50,6 +74,9 @@ class Strategy:
         return None
 
     def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Wrap one placed, precision-converted model (DDP, `fully_shard`, ...); called by the adapter's
+        `apply_strategy` step of `prepare_model`, before compilation, never in evaluation mode.
+        Default: the model unchanged."""
         return model
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -57,6 +84,7 @@ class Strategy:
         return model
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
+        """Whether `model` is already this strategy's wrapper (for the strategy's own checks). Default: False."""
         return False
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -84,7 +112,8 @@ class Strategy:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""
 
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
-        """Refuse combinations this strategy cannot prepare (raise ValueError saying why)."""
+        """Refuse combinations this strategy cannot prepare (raise ValueError saying why); runs first in
+        every `prepare` call, with the objects as given (already prepared ones included)."""
 
     def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
         """Take one model with the optimizers and schedulers that train it; return the group to train with.
@@ -108,8 +137,8 @@ class Strategy:
         """
 
     def accumulation_steps(self) -> int | None:
-        """Gradient accumulation steps the strategy's engine fixed (read after `after_prepare`); None: the
-        user's setting stands."""
+        """Gradient accumulation steps the strategy's engine fixed (read at the end of every `prepare` call,
+        after `after_prepare`); None: the user's setting stands."""
         return None
 
     rebuilds_schedulers: ClassVar[bool] = False
@@ -117,12 +146,15 @@ class Strategy:
     returned from `prepare_optimizer`; otherwise the core points the user's schedulers at it."""
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
-        """Return the optimizer to train with. A new one is fine: schedulers built on the original,
-        before or after `prepare`, follow it (unless `rebuilds_schedulers`)."""
+        """Return the optimizer to train with (called for each optimizer, after the core re-pointed it at
+        the model's current parameters and before the adapter's `prepare_optimizer`). A new one is fine:
+        schedulers built on the original, before or after `prepare`, follow it (unless
+        `rebuilds_schedulers`). Version-1 hook: a strategy that needs the model too uses `setup`."""
         return optimizer
 
     def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
-        """Hook for schedulers the strategy's engine steps itself. Default: unchanged."""
+        """Hook for schedulers the strategy's engine steps itself (called for each scheduler, already
+        following a replaced optimizer, before it is wrapped). Default: unchanged."""
         return scheduler
 
     def after_backward(self, sync: bool) -> None:
