@@ -123,3 +123,73 @@ def test_a_rank_that_raised_fails_the_check_with_its_traceback(tmp_path: Path) -
         run.get("sharding")
     with pytest.raises(pytest.fail.Exception, match="did not finish on every rank"):
         KitRun(world=2, capabilities=Capabilities(), out=tmp_path, results=[{}], launch_output="").get("sharding")
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "processes", "expected"),
+    [
+        (frozenset({"tp", "hsdp", "cp"}), None, ["parallel:tp", "parallel:hsdp"]),
+        (frozenset({"hsdp"}), None, ["parallel:hsdp"]),
+        (frozenset(), None, []),
+        (frozenset({"tp", "hsdp"}), 1, []),  # one process: nothing to split over
+    ],
+)
+def test_parallel_checks_follow_the_claims(parallelism: frozenset[str], processes: int | None, expected: list) -> None:
+    class Suite(_Suite):
+        pass
+
+    Suite.processes = processes
+    planned = Suite.planned_checks(Capabilities(strategies=frozenset({"ddp", "fsdp2"}), parallelism=parallelism))
+    assert [n for n in planned if n.startswith("parallel")] == expected
+
+
+def _parallel_run(tmp_path: Path, kind: str, losses: list[float], mesh: dict[str, int]) -> KitRun:
+    from accel.testing.checks import TRAIN_STEPS
+    from accel.testing.suite import _reference_losses
+
+    ref_losses, params = _reference_losses(TRAIN_STEPS, 1 if kind == "tp" else 2)
+    rank = {
+        "losses": losses or ref_losses.tolist(),
+        "params": params.tolist(),
+        "data_shards": 1 if kind == "tp" else 2,
+        "mesh_device_type": "cpu",
+        "mesh": mesh,
+        "dtensor_params": 4,
+    }
+    state = {"ok": {"device_type": "cpu"}}
+    caps = Capabilities(strategies=frozenset({"ddp", "fsdp2"}), parallelism=frozenset({"tp", "hsdp"}))
+    results = [{f"parallel:{kind}": {"ok": rank}, "process_state": state} for _ in range(2)]
+    return KitRun(world=2, capabilities=caps, out=tmp_path, results=results, launch_output="")
+
+
+def test_parallel_check_is_judged_against_one_process(tmp_path: Path) -> None:
+    from accel.testing.checks import TRAIN_STEPS
+
+    # The reference is one process of plain SGD: its weights are reference_sgd's.
+    from accel.testing.problems import reference_sgd
+    from accel.testing.suite import _reference_losses
+
+    assert torch.equal(_reference_losses(TRAIN_STEPS, 2)[1], reference_sgd(TRAIN_STEPS, 2))
+    suite = _Suite()
+    suite.test_parallelism_trains_like_one_process(_parallel_run(tmp_path, "tp", [], {"tp": 2}), "tp")
+    suite.test_parallelism_trains_like_one_process(_parallel_run(tmp_path, "hsdp", [], {"dp_shard": 2}), "hsdp")
+    ref = _reference_losses(TRAIN_STEPS, 1)[0].tolist()
+    off = [ref[0], ref[1] + 3e-5, ref[2]]  # a loss 3e-5 away from one process fails
+    with pytest.raises(AssertionError):
+        suite.test_parallelism_trains_like_one_process(_parallel_run(tmp_path, "tp", off, {"tp": 2}), "tp")
+    with pytest.raises(AssertionError):  # the wrong mesh (TP run as data parallelism) fails
+        suite.test_parallelism_trains_like_one_process(_parallel_run(tmp_path, "tp", [], {"dp_shard": 2}), "tp")
+    unclaimed = _parallel_run(tmp_path, "tp", [], {"tp": 2})
+    unclaimed.capabilities = Capabilities()
+    with pytest.raises(pytest.skip.Exception, match="does not claim 'tp'"):
+        suite.test_parallelism_trains_like_one_process(unclaimed, "tp")
+
+
+def test_context_parallelism_without_a_gpu_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    run = _parallel_run(tmp_path, "tp", [], {"tp": 2})
+    run.capabilities = Capabilities(parallelism=frozenset({"cp"}))
+    with pytest.raises(pytest.skip.Exception, match="context parallelism needs the adapter's GPU"):
+        _Suite().test_context_parallelism(run)
+    run.capabilities = Capabilities()
+    with pytest.raises(pytest.skip.Exception, match="does not claim 'cp'"):
+        _Suite().test_context_parallelism(run)

@@ -316,3 +316,46 @@ def clip_grad_norm(_: Path, strategy: str) -> dict[str, Any]:
 def _full_value(t: Any) -> float:
     full = getattr(t, "full_tensor", None)
     return float((full() if callable(full) else t).item()) if isinstance(t, torch.Tensor) else float(t)
+
+
+# ---- N-D parallelism the adapter claims (Capabilities.parallelism) ------------------------------
+TP_PLAN = {"0": "colwise", "2": "rowwise"}
+"""The kit's two-layer MLP split Megatron-style: the first layer by output features, the second by input."""
+
+
+@check("parallel")
+def parallel(_: Path, kind: str) -> dict[str, Any]:
+    """Train the kit's MLP under `kind` ("tp": tensor parallelism over every process; "hsdp": replicate x
+    shard, 2 x (world / 2) on 4+ processes, else the 1 x world mesh) with SGD; return the losses (averaged
+    over every rank), the gathered weights and the mesh the Accelerator built."""
+    from ..parallelism_config import ParallelismConfig
+
+    _, world = _rank_world()
+    if kind == "tp":
+        pc = ParallelismConfig(tp_size=world, tp_plan=TP_PLAN)
+    elif kind == "hsdp":
+        replicate = 2 if world >= 4 and world % 2 == 0 else 1
+        pc = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=world // replicate)
+    else:
+        raise ValueError(f"no parallel check for {kind!r}; the kit checks 'tp' and 'hsdp'")
+    acc = Accelerator(parallelism_config=pc)
+    mesh = acc.torch_device_mesh
+    model, opt = _sgd_setup(acc)
+    n_dp, dp_rank = acc._data_shards()
+    x, y = make_data(TRAIN_STEPS * PER_RANK * n_dp)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        s = rank_slice(step, dp_rank, n_dp)
+        loss = _mse(model, x[s], y[s], acc.device)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(acc.reduce(loss.detach(), "mean").item()))
+    return {
+        "losses": losses,
+        "params": flat_params(acc.unwrap_model(model)).tolist(),
+        "data_shards": n_dp,
+        "mesh_device_type": mesh.device_type,
+        "mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape)),
+        "dtensor_params": sum(type(p).__name__ == "DTensor" for p in model.parameters()),
+    }

@@ -36,6 +36,8 @@ from .checks import CLIP_NORM, CONVERGE_STEPS, FP16_INIT_SCALE, TRAIN_STEPS
 
 F = TypeVar("F", bound=Callable[..., Any])
 STRATEGIES = ("ddp", "fsdp2")
+PARALLEL_CHECKS = ("tp", "hsdp")
+"""The N-D parallelism (`Capabilities.parallelism`) the kit trains; "cp" needs a GPU and has no kit check yet."""
 HALF = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 # Equivalence checks run on the adapter's device and are compared with a CPU reference:
 # tight, but not bitwise (a GPU's fp32 matmul sums in another order).
@@ -163,6 +165,8 @@ class AdapterConformanceSuite:
         names.append(f"unwrap_model:{next((p for p in half if p in HALF), 'no')}")
         if caps.compile:
             names.append("compile")
+        if cls._world(caps) > 1:
+            names += [f"parallel:{kind}" for kind in PARALLEL_CHECKS if kind in caps.parallelism]
         names += [f"custom:{path}" for path in cls.extra_checks]
         if cls.emulated():
             names.append("emulation:" + ",".join(cls.emulation_models))
@@ -175,7 +179,7 @@ class AdapterConformanceSuite:
     def kit(cls, tmp_path_factory: pytest.TempPathFactory) -> KitRun:
         self = cls
         caps = self.adapter_class().capabilities
-        world = cls.processes or (2 if caps.multi_process else 1)
+        world = cls._world(caps)
         out = tmp_path_factory.mktemp(f"kit-{self.adapter}")
         cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", str(world), "--adapter", self.adapter]
         cmd += ["--emulate"] if self.emulated() else []
@@ -188,6 +192,11 @@ class AdapterConformanceSuite:
         results = [json.loads(f.read_text()) for f in files if f.is_file()]
         output = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
         return KitRun(world=world, capabilities=caps, out=out, results=results, launch_output=output)
+
+    @classmethod
+    def _world(cls, caps: Capabilities) -> int:
+        """How many processes the kit launches (`processes`)."""
+        return cls.processes or (2 if caps.multi_process else 1)
 
     @classmethod
     def _vendor_checks_apply(cls) -> str | None:
@@ -437,6 +446,46 @@ class AdapterConformanceSuite:
             assert r["unwrapped_is_original"]
             _close(problems.as_tensor(r["params"]), reference)
 
+    # ---- N-D parallelism the adapter claims ----------------------------------------------------------
+    @pytest.mark.parametrize("kind", PARALLEL_CHECKS)
+    @kit_checks("parallel", "capabilities", "apply_strategy", "prepare_model")
+    def test_parallelism_trains_like_one_process(self, kit: KitRun, kind: str) -> None:
+        """TP over every process, or HSDP (2 x world/2 from 4 processes, else the 1 x world mesh), trains the
+        kit's MLP to the losses (1e-5) and weights of one process on the same global batches."""
+        if kind not in kit.capabilities.parallelism:
+            pytest.skip(f"the adapter does not claim {kind!r} (Capabilities.parallelism)")
+        if kit.world == 1:
+            pytest.skip(f"{kind!r} needs several processes; the kit runs one (the adapter runs one per host)")
+        ranks = kit.get(f"parallel:{kind}")
+        n_dp = 1 if kind == "tp" else kit.world
+        losses, params = _reference_losses(TRAIN_STEPS, n_dp)
+        replicate = 2 if kind == "hsdp" and kit.world >= 4 and kit.world % 2 == 0 else 1
+        expected_mesh = (
+            {"tp": kit.world}
+            if kind == "tp"
+            else {"dp_replicate": replicate, "dp_shard": kit.world // replicate}
+            if replicate > 1
+            else {"dp_shard": kit.world}
+        )
+        device_type = kit.get("process_state")[0]["device_type"]
+        for r in ranks:
+            assert r["mesh"] == expected_mesh and r["mesh_device_type"] == device_type, (r["mesh"], expected_mesh)
+            assert r["data_shards"] == n_dp, "loaders must shard over the data-parallel dimensions only"
+            assert r["dtensor_params"] == 4, "every weight and bias must be a DTensor (sharded or split)"
+            assert_close(torch.tensor(r["losses"]), losses, rtol=0, atol=1e-5)
+            _close(problems.as_tensor(r["params"]), params)
+
+    def test_context_parallelism(self, kit: KitRun) -> None:
+        """Context parallelism is claimed only with a GPU behind it; the kit has no CPU stand-in for it."""
+        if "cp" not in kit.capabilities.parallelism:
+            pytest.skip("the adapter does not claim 'cp' (Capabilities.parallelism)")
+        if self.emulated() or kit.get("process_state")[0]["device_type"] == "cpu":
+            pytest.skip(
+                "context parallelism needs the adapter's GPU (torch's context_parallel has no gloo/CPU path): "
+                "it runs only on hardware"
+            )
+        pytest.skip("the kit has no context-parallel check yet: run docs/parallelism.md's CP example on 2+ GPUs")
+
     # ---- errors and emulation ----------------------------------------------------------------------------
     @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
     @kit_checks("errors", "supports_precision", "capabilities")
@@ -593,6 +642,22 @@ class AdapterConformanceSuite:
             assert scaler["used"] == scaler["adapter"], (
                 f"fp16 used {scaler['used']}, not the adapter's make_grad_scaler ({scaler['adapter']})"
             )
+
+
+def _reference_losses(steps: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One process, plain SGD on the global batch of every step: the losses and final weights."""
+    model = problems.build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=problems.LR)
+    x, y = problems.make_data(steps * problems.PER_RANK * world)
+    losses = []
+    for step in range(steps):
+        batch = slice(step * problems.PER_RANK * world, (step + 1) * problems.PER_RANK * world)
+        loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return torch.tensor(losses), problems.flat_params(model)
 
 
 def _indices(calls: list[dict[str, Any]]) -> list[int]:
