@@ -9,8 +9,12 @@
    with DistributedSampler, 2 gloo processes.
 5. Memory: the bytes of live tensors each of 2 processes holds after an AdamW step, per
    strategy (DDP, FSDP2, and DeepSpeed's ZeRO stages when DeepSpeed is installed).
+6. N-D parallelism (`parallel`, not in the default list): per-rank parameter + gradient +
+   optimizer bytes for DDP / FSDP2 / TP on 2 gloo processes and FSDP2 x TP (2 x 2) on 4, against
+   the theoretical share, and the step time of each through accel against the same composition
+   written with raw torch (`parallel_bench.py`).
 
-`--sections steps,import,checkpoint,loader,memory` picks what runs (default: all); other
+`--sections steps,import,checkpoint,loader,memory[,parallel]` picks what runs (default: all but parallel); other
 arguments go to the step benchmark. Prints markdown tables and writes each section's
 figures as data (`<section>.json`, and `.csv` for steps and memory) to `--out-dir`
 (default docs/assets/benchmarks, where `plot.py` draws them for docs/performance.md).
@@ -152,6 +156,28 @@ def main() -> None:
         loader_table(known.out_dir)
     if "memory" in sections:
         memory_table(known.out_dir)
+    if "parallel" in sections:
+        parallel_table(known.out_dir)
+
+
+def parallel_table(out_dir: Path) -> None:
+    """`parallel_bench.py` on 2 processes (DDP, FSDP2, TP) and 4 (FSDP2 x TP); one `parallel.json`."""
+    runs = [launch_json([str(HERE / "parallel_bench.py")], nproc=n) for n in (2, 4)]
+    data = {**runs[0], "layouts": {**runs[0]["layouts"], **runs[1]["layouts"]}}
+    save(out_dir, "parallel", data)
+    print(f"\n## N-D parallelism: {data['model']['parameters']:,} parameters, per rank after an AdamW step\n")
+    print(
+        "| layout | processes | MB per rank (params + grads + AdamW) | share of one process | theoretical | accel / raw step (median, range) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, m in data["layouts"].items():
+        mb = max(sum(b.values()) for b in m["per_rank_bytes"]) / 2**20
+        share = max(m["per_rank_over_single"])
+        rounds = m["ratio_rounds"]
+        print(
+            f"| {name} | {m['processes']} | {mb:.2f} | {share:.4f} | {m['theoretical_share']:.4f} "
+            f"| {m['ratio_median']:.3f} ({rounds[0]:.2f}-{rounds[-1]:.2f}) |"
+        )
 
 
 def memory_table(out_dir: Path) -> None:
