@@ -21,7 +21,7 @@ from accel.errors import DistributedSetupError
 from accel.launch_env import read_launch_env
 from accel.prepare_group import optimizer_params
 
-from .options import XLALaunchOptions
+from .options import PODS, XLALaunchOptions, add_accelerate_tpu_flags
 from .repoint import first_device, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
@@ -52,6 +52,19 @@ class XLAAdapter(Adapter):
     hardware_device_type: ClassVar[str] = "xla"
     hardware_backend: ClassVar[str] = "xla"
     data_parallel_name: ClassVar[str] = "XLA"
+    # What `accelerate config` writes for a TPU (distributed_type XLA) besides the keys accel reads itself:
+    # the pod launcher's settings. They mean nothing to `accel launch` on one host (ignored with one note),
+    # except asking for the pod launcher itself.
+    accelerate_config_keys: ClassVar[Mapping[str, str | None]] = {
+        "tpu_use_sudo": None,
+        "tpu_name": None,
+        "tpu_zone": None,
+        "tpu_env": None,
+        "tpu_vm": None,
+        "commands": None,
+        "command_file": None,
+        "tpu_use_cluster": PODS,
+    }
     capabilities: ClassVar[Capabilities] = Capabilities(
         # XLA computes reduced precision in bf16; fp16 would need dynamic loss scaling,
         # which the XLA path does not do.
@@ -210,8 +223,10 @@ class XLAAdapter(Adapter):
     # ---- launch ---------------------------------------------------------------------------
     @classmethod
     def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
+        """`--pjrt-device`, `--xla-cpu-devices`, and Accelerate's TPU flags (`--tpu` selects this adapter)."""
         # Launch flags only: torch_xla, not the adapter, reads what they set (`options_class` stays None).
         XLALaunchOptions.add_launch_arguments(parser)
+        add_accelerate_tpu_flags(parser)
 
     @classmethod
     def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:

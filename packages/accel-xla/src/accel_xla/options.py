@@ -1,12 +1,15 @@
 """The XLA adapter's launch flags: `accel launch --adapter xla --pjrt-device TPU` sets what
 torch_xla reads in the workers (`PJRT_DEVICE`, `CPU_NUM_DEVICES`). The flags and variables come
 from `accel.adapter_options`; the adapter itself parses nothing (torch_xla reads the variables).
+Accelerate's TPU flags (`--tpu`, `--tpu_cluster`, ...) are declared by `add_accelerate_tpu_flags`.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from accel.adapter_options import AdapterOptions, AdapterOptionsError, option
 
@@ -43,3 +46,83 @@ class XLALaunchOptions(AdapterOptions):
                 f"--xla-cpu-devices {self.xla_cpu_devices} needs --pjrt-device CPU; "
                 "on a TPU the runtime finds its chips itself."
             )
+
+
+# ---- Accelerate's TPU launch flags ---------------------------------------------------------------
+# `accelerate launch --tpu ...` command lines keep working: `--tpu` selects this adapter, the pod
+# launcher's switches are refused (or, when they ask for nothing, accepted). Accelerate's `--vm` and
+# `--env` are refused by accel itself (not declared here: a flag the core has would leave this
+# adapter's whole group out of the parser).
+PODS = (
+    "Accelerate's TPU pod launcher (it ssh'es into every host) has no counterpart: run `accel launch --adapter xla "
+    "--nnodes N --node-rank R --master-addr HOST0 ...` on each host of the pod, e.g. through "
+    "`gcloud compute tpus tpu-vm ssh --worker=all` (accel-xla README, 'TPU hosts and pods')"
+)
+SUDO_IGNORED = (
+    "accel launch: {option} is ignored: it only tells Accelerate's pod launcher to run the script with sudo "
+    "on each host; `accel launch` runs the script on this host, as you started it"
+)
+
+
+class _SelectXLA(argparse.Action):
+    """`--tpu`: run on the xla adapter (as `--adapter xla`); no effect when it is already selected."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        if getattr(namespace, "cpu", False):
+            parser.error(f"{option} and --cpu ask for different hardware; give one of them")
+        if getattr(namespace, "adapter", None) is None:
+            namespace.adapter = "xla"  # another adapter named on the command line is refused later, naming --tpu
+        setattr(namespace, self.dest, True)
+
+
+class _RefusePods(argparse.Action):
+    """`--tpu-cluster`: Accelerate's pod launcher, which accel does not have."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.error(f"{option} (an `accelerate launch` flag) is not supported by accel launch: {PODS}")
+
+
+class _IgnoreSudo(argparse.Action):
+    """`--tpu-use-sudo`: only the pod launcher used it; accepted with one note."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        if not getattr(namespace, self.dest, False):
+            print(SUDO_IGNORED.format(option=option), file=sys.stderr)
+        setattr(namespace, self.dest, True)
+
+
+def add_accelerate_tpu_flags(group: argparse._ArgumentGroup) -> None:
+    """Accelerate's TPU flags (`accelerate launch --tpu`, `--tpu_cluster`, ...), under both spellings.
+
+    - `--tpu` selects the xla adapter (as `--adapter xla`); with it already selected it changes nothing.
+    - `--tpu_cluster` is refused (Accelerate's pod launcher): run `accel launch` on each host instead.
+    - `--no_tpu_cluster` (Accelerate's default) and `--tpu_use_sudo` (read by the pod launcher only) are
+      accepted and change nothing; the latter says so in one note.
+    """
+    group.add_argument("--tpu", action=_SelectXLA, nargs=0, default=False, help="Accelerate's --tpu: --adapter xla")
+    group.add_argument(
+        "--tpu-cluster",
+        "--tpu_cluster",
+        action=_RefusePods,
+        nargs=0,
+        dest="tpu_use_cluster",
+        default=None,
+        help="refused: Accelerate's TPU pod launcher; run `accel launch` on each host of the pod",
+    )
+    group.add_argument(
+        "--no-tpu-cluster",
+        "--no_tpu_cluster",
+        action="store_const",
+        const=False,
+        dest="tpu_use_cluster",
+        default=None,
+        help="accepted, no effect: one host is what `accel launch` runs",
+    )
+    group.add_argument(
+        "--tpu-use-sudo",
+        "--tpu_use_sudo",
+        action=_IgnoreSudo,
+        nargs=0,
+        default=False,
+        help="accepted, no effect (a note says so): only Accelerate's pod launcher ran the script with sudo",
+    )

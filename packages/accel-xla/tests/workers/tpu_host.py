@@ -28,6 +28,7 @@ def _mp_fn(index: int) -> None:
         "distributed_type": str(accelerator.distributed_type),
         "num_processes": accelerator.num_processes,
         "strategy": accelerator.strategy.name,
+        "mixed_precision": accelerator.mixed_precision,
         "loss": float(loss),
     }
     print("WORKER " + json.dumps(info), flush=True)
