@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
-from accel.precision import enter_all, wrap_forward_in_autocast
 
-from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
 from .options import GaudiOptions
+from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
     from accel.prepare import PrepareContext
@@ -53,6 +52,8 @@ class GaudiAdapter(Adapter):
     vendor_module: ClassVar[str] = "accel_gaudi.hpu"
     emulated_vendor_module: ClassVar[str] = "accel_gaudi.hpu_emulated"
     options_class: ClassVar[type[GaudiOptions]] = GaudiOptions
+    precision_class = GaudiPrecision
+    """bf16 autocast by `force_autocast`/`autocast_policy`, fp8 through Habana's transformer engine."""
     config: GaudiOptions
     """The parsed options (launch flags / `ACCEL_GAUDI_*`, then `Accelerator(adapter_options=...)`)."""
 
@@ -116,13 +117,6 @@ class GaudiAdapter(Adapter):
             model = self.apply_strategy(model, ctx)
         return self.compile_model(model, ctx)
 
-    def autocasts(self, mixed_precision: str) -> bool:
-        """Whether the forward runs under bf16 autocast (`autocast_policy`): "native_amp" (Gaudi's
-        rule) only for bf16 with `force_autocast`; "always" for bf16, and with `force_autocast` always."""
-        if self.config.autocast_policy == "always":
-            return mixed_precision == "bf16" or self.config.force_autocast
-        return mixed_precision == "bf16" and self.config.force_autocast
-
     def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
         """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
         than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
@@ -138,31 +132,9 @@ class GaudiAdapter(Adapter):
             ):
                 obj.multiprocessing_context = multiprocessing.get_context("spawn")
 
-    def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        fp8 = ctx.mixed_precision == "fp8" or self.config.fp8
-        contexts: list[Any] = []
-        if self.autocasts(ctx.mixed_precision):
-            kwargs = ctx.autocast_kwargs
-            contexts.append(lambda: self.autocast("bf16", **kwargs))
-        if fp8:
-            model = self.convert_to_fp8(model, ctx)
-            recipe = model._accel_fp8_recipe
-            contexts.append(lambda: self.vendor.fp8_autocast(recipe))
-        if contexts:
-            wrap_forward_in_autocast(model, lambda: enter_all(contexts))
-        return model
-
     def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Swap every `nn.Linear` for Habana's fp8 Linear (same Parameters), with the recipe from a
-        `GaudiFP8RecipeKwargs` handler or its defaults. Converting twice is a no-op."""
-        if getattr(model, "_accel_fp8_recipe", None) is None:
-            self.check_fp8_supported()
-            handler = ctx.handler(GaudiFP8RecipeKwargs) or GaudiFP8RecipeKwargs()
-            with torch.no_grad():
-                convert_linears(model, self.vendor)
-            model._accel_fp8_recipe = handler.recipe(self.vendor)
-        wrap_gradient_checkpointing(model, self.vendor, model._accel_fp8_recipe)
-        return model
+        """Habana's fp8 Linears (`GaudiPrecision.convert_fp8`, which the run's precision calls itself)."""
+        return GaudiPrecision("fp8", self).convert_fp8(model, ctx)
 
     def check_fp8_supported(self) -> None:
         """Gaudi1 has no fp8 units (Gaudi's stack refuses fp8 there too).

@@ -1,0 +1,77 @@
+"""The Gaudi adapter's precision: bf16 autocast by Gaudi's `force_autocast` rule and fp8 through
+Habana's transformer engine (emulated by `accel_gaudi.hpu_emulated`), as a `Precision` subclass."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accel.precision import Precision, enter_all, wrap_forward_in_autocast
+
+from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
+
+if TYPE_CHECKING:
+    from accel.prepare import PrepareContext
+
+
+class GaudiPrecision(Precision):
+    """How a model runs in the Gaudi adapter's precision (`GaudiAdapter.precision_class`).
+
+    - Module conversion: under fp8 (`mixed_precision="fp8"`, or the `fp8` option with any mode)
+      every `nn.Linear` becomes Habana's fp8 Linear holding the same Parameters, with the recipe
+      of a `GaudiFP8RecipeKwargs` handler (or its defaults), and gradient-checkpointed blocks
+      recompute in fp8 as their forward ran.
+    - Forward context: bf16 autocast when `autocasts` says so (Gaudi's `force_autocast` rule),
+      then the vendor's `fp8_autocast` with the model's recipe under fp8; outputs come back in fp32.
+
+    The scaler, unscaling and the optimizer step are the core's (Gaudi refuses fp16, so no loss scaling).
+    """
+
+    @property
+    def autocasts(self) -> bool:
+        """Whether a prepared model's forward runs under bf16 autocast (`GaudiOptions.autocast_policy`):
+        "native_amp" (Gaudi's rule) only for bf16 with `force_autocast`; "always" for bf16, and with
+        `force_autocast` whatever the mode."""
+        config = self.adapter.config
+        if config.autocast_policy == "always":
+            return self.mode == "bf16" or bool(config.force_autocast)
+        return self.mode == "bf16" and bool(config.force_autocast)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether models are converted to fp8: `mixed_precision="fp8"` or the adapter's `fp8` option."""
+        return self.mode == "fp8" or bool(self.adapter.config.fp8)
+
+    def convert_module(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """fp8 layers (`convert_fp8`) when `fp8`, and the forward under the contexts `autocasts` and
+        `fp8` ask for (fresh ones per call, bf16 autocast outermost); no wrapper when there are none."""
+        adapter = self.adapter
+        contexts: list[Any] = []
+        if self.autocasts:
+            kwargs = ctx.autocast_kwargs
+            contexts.append(lambda: adapter.autocast("bf16", **kwargs))
+        if self.fp8:
+            model = self.convert_fp8(model, ctx)
+            recipe = model._accel_fp8_recipe
+            contexts.append(lambda: adapter.vendor.fp8_autocast(recipe))
+        if contexts:
+            wrap_forward_in_autocast(model, lambda: enter_all(contexts))
+        return model
+
+    def convert_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        """Swap every `nn.Linear` for Habana's fp8 Linear (same Parameters, Gaudi's `convert_model`
+        path), keep the recipe on the model as `_accel_fp8_recipe`, and make gradient-checkpointed
+        blocks recompute under it. Converting twice is a no-op.
+
+        Raises:
+            ValueError: on a first-generation Gaudi (`GaudiAdapter.check_fp8_supported`).
+        """
+        adapter = self.adapter
+        if getattr(model, "_accel_fp8_recipe", None) is None:
+            adapter.check_fp8_supported()
+            handler = ctx.handler(GaudiFP8RecipeKwargs) or GaudiFP8RecipeKwargs()
+            with torch.no_grad():
+                convert_linears(model, adapter.vendor)
+            model._accel_fp8_recipe = handler.recipe(adapter.vendor)
+        wrap_gradient_checkpointing(model, adapter.vendor, model._accel_fp8_recipe)
+        return model
