@@ -85,6 +85,32 @@ def test_launchers_start_real_processes_that_form_one_group(tmp_path: Path, laun
         assert (tmp_path / f"rank{rank}.txt").read_text() == f"2 30.0 {precision}"
 
 
+def test_a_worker_that_returns_without_its_state_does_not_leave_a_peer_waiting(tmp_path: Path) -> None:
+    # As in Accelerate's test_notebook fault-tolerance case: in the last restarted round one worker
+    # has nothing left to do and returns while the other creates its state (forming the group).
+    code = """
+import os, socket, sys
+from pathlib import Path
+from accel import PartialState, notebook_launcher
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def work(out):
+    if os.environ["LOCAL_RANK"] == "1":
+        return
+    state = PartialState()
+    (Path(out) / "rank0.txt").write_text(f"{state.num_processes} {state.process_index}")
+
+if __name__ == "__main__":
+    notebook_launcher(work, (sys.argv[1],), num_processes=2, use_port=str(free_port()))
+"""
+    _run(code, tmp_path, timeout=120)  # without the fix rank 0 waits for rank 1 until the group's timeout
+    assert (tmp_path / "rank0.txt").read_text() == "2 0"
+
+
 def test_launchers_refuse_an_accelerator_created_before(tmp_path: Path) -> None:
     code = """
 from accel import Accelerator, debug_launcher

@@ -6,6 +6,7 @@ script; each worker runs `function(*args)` and must create its `Accelerator` ins
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -30,6 +31,26 @@ def _check_fresh(what: str) -> None:
         )
 
 
+def _meets_its_peers(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` for one worker, which, when it returns without having formed the process group,
+    forms it then: a peer that did form it (its `PartialState()` or `Accelerator()`) is waiting for
+    every worker in the rendezvous, and would wait for one that finished without it until the
+    timeout. Workers that formed the group, or whose function raised, are left as they are."""
+
+    @functools.wraps(function)
+    def worker(*args: Any) -> Any:
+        result = function(*args)
+        import torch.distributed as dist
+
+        from .state import PartialState
+
+        if not PartialState._shared_state and not (dist.is_available() and dist.is_initialized()):
+            PartialState()  # joins the rendezvous; the group is destroyed at exit
+        return result
+
+    return worker
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -51,6 +72,9 @@ def notebook_launcher(
 
     With `num_processes=1` the function runs in this process. `mixed_precision` becomes the
     workers' default (`ACCEL_MIXED_PRECISION`). The rendezvous arguments are torch elastic's.
+    A worker whose function returns without having created its state joins the process group
+    then, so a peer that created it never waits for that worker (e.g. one worker of a restarted
+    round has nothing left to do while another trains).
 
     Raises:
         ValueError: `num_processes` missing, `node_rank >= num_nodes`, an unknown precision, or
@@ -96,7 +120,7 @@ def notebook_launcher(
     print(f"Launching training on {num_processes} processes.")
     with patch_environment(accel_mixed_precision=mixed_precision, master_addr=master_addr, master_port=use_port):
         try:
-            elastic_launch(config=config, entrypoint=function)(*args)
+            elastic_launch(config=config, entrypoint=_meets_its_peers(function))(*args)
         except ChildFailedError:
             raise
         except Exception as exc:
