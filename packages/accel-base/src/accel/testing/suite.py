@@ -447,8 +447,7 @@ class AdapterConformanceSuite:
             _close(problems.as_tensor(r["params"]), reference)
 
     # ---- N-D parallelism the adapter claims ----------------------------------------------------------
-    # Not declared with `kit_checks` yet: that adds it to the generated docs/adapter_contract.md's
-    # "Kit check" column, which must be regenerated in the same commit.
+    @kit_checks("parallel", "capabilities", "apply_strategy", "prepare_model")
     @pytest.mark.parametrize("kind", PARALLEL_CHECKS)
     def test_parallelism_trains_like_one_process(self, kit: KitRun, kind: str) -> None:
         """TP over every process, or HSDP (2 x world/2 from 4 processes, else the 1 x world mesh), trains the
