@@ -149,8 +149,8 @@ class AccelConfig:
         except (TypeError, ValueError, AccelError) as exc:
             text = str(exc)
             # The config class names the field it refused: point at that field's line.
-            key = next((str(k) for k in self.strategy_config if text.startswith(str(k)) or f"'{k}'" in text), None)
-            where_key = f"strategy_config.{key}" if key else "strategy_config"
+            refused = next((str(k) for k in self.strategy_config if text.startswith(str(k)) or f"'{k}'" in text), None)
+            where_key = f"strategy_config.{refused}" if refused else "strategy_config"
             raise ConfigError(f"{at(where_key) or at('strategy_config')}{where_key}: {text}") from None
 
     def to_launch_defaults(self) -> dict[str, Any]:

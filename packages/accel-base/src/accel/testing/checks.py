@@ -330,7 +330,7 @@ def parallel(_: Path, kind: str) -> dict[str, Any]:
     over every rank), the gathered weights and the mesh the Accelerator built."""
     from ..parallelism_config import ParallelismConfig
 
-    _, world = _rank_world()
+    world = _rank_world()[1]
     if kind == "tp":
         pc = ParallelismConfig(tp_size=world, tp_plan=TP_PLAN)
     elif kind == "hsdp":

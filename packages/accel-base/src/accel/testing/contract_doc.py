@@ -74,7 +74,9 @@ def call_sites(members: set[str]) -> dict[str, set[str]]:
 
     class Visitor(ast.NodeVisitor):
         def __init__(self, module: str) -> None:
-            self.module, self.stack, self.names = module, [], [ADAPTER_CLASS_NAMES.get(module, set())]
+            self.module = module
+            self.stack: list[str] = []
+            self.names = [ADAPTER_CLASS_NAMES.get(module, set())]
 
         def visit_ClassDef(self, node: ast.ClassDef) -> None:
             self.stack.append(node.name)
@@ -167,8 +169,9 @@ def base_behaviour(function: Any) -> str:
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-                if func.attr == "_forward" and node.args and isinstance(node.args[0], ast.Constant):
-                    called.append(f"the vendor module's `{node.args[0].value}`")
+                first = node.args[0] if node.args else None
+                if func.attr == "_forward" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    called.append(f"the vendor module's `{first.value}`")
                 elif not func.attr.startswith("_"):
                     called.append(f"`self.{func.attr}`")
     lines = len(inspect.getsource(function).splitlines())
