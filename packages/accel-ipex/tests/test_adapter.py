@@ -228,3 +228,14 @@ def test_optimize_off_keeps_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> No
     model, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert [id(p) for p in model.parameters()] == before and type(model.conv) is nn.Conv2d
     assert "optimize=False" in acc.adapter.describe()
+
+
+def test_data_parallel_runs_report_accelerates_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.distributed_type import DistributedType
+
+    adapter = IpexAdapter()
+    monkeypatch.setattr(IpexAdapter, "on_xpu", property(lambda self: True))  # several processes on Intel GPUs
+    assert adapter.data_parallel_type(True) == DistributedType.MULTI_XPU
+    assert adapter.data_parallel_type(False) == DistributedType.NO
+    monkeypatch.setattr(IpexAdapter, "on_xpu", property(lambda self: False))
+    assert adapter.data_parallel_type(True) == DistributedType.MULTI_CPU

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter import Adapter, Availability, Capabilities
+from accel.distributed_type import DistributedType
 from torch.nn.parallel import DistributedDataParallel
 
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
@@ -92,6 +93,12 @@ class IpexAdapter(Adapter):
     @property
     def device_type(self) -> str:
         return "xpu" if self.on_xpu else "cpu"
+
+    def data_parallel_type(self, use_distributed: bool) -> DistributedType:
+        """Accelerate's names: MULTI_XPU for several processes on Intel GPUs, MULTI_CPU on CPUs."""
+        if use_distributed and self.on_xpu:
+            return DistributedType.MULTI_XPU
+        return super().data_parallel_type(use_distributed)
 
     @property
     def backend(self) -> str:
