@@ -41,7 +41,6 @@ def test_tensorboard_event_files_hold_what_was_logged(tmp_path: Path) -> None:
     assert [(e.step, e.value) for e in reader.Scalars("loss")] == [(1, 0.5), (2, 0.125)]
     assert [(e.step, e.value) for e in reader.Scalars("accuracy")] == [(1, 0.25)]
     assert _text(reader, "note/text_summary") == [(2, "warmup done")]
-    assert json.loads(_text(reader, "config/text_summary")[0][1]) == {"lr": 0.1, "model": "mlp"}
     # add_scalars writes one run per key under the tag's directory.
     group1 = _read_events(tmp_path / "run" / "lr_group1")
     assert [(e.step, round(e.value, 6)) for e in group1.Scalars("lr")] == [(2, 0.01)]
@@ -60,19 +59,29 @@ def test_jsonl_rows_and_config_read_back(tmp_path: Path) -> None:
 
 
 class MemoryTracker(GeneralTracker):
-    """A tracker defined outside accel: keeps what it is given."""
+    """A tracker written for Accelerate (its constructor contract), keeps what it is given."""
 
     name: ClassVar[str] = "memory-test"
     requires_logging_directory: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
         self.kwargs = kwargs
+        self.started = 0
         self.config: dict[str, Any] = {}
         self.rows: list[tuple[int | None, dict[str, Any]]] = []
         self.finished = False
 
+    @property
+    def tracker(self) -> Any:
+        return self.rows
+
+    def start(self) -> None:
+        self.started += 1
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
+        assert self.started == 1, "store_init_configuration before start"
         self.config = dict(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -93,7 +102,9 @@ def test_a_new_tracker_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest
     acc.log({"loss": 2.0}, step=5)
     tracker = acc.get_tracker("memory-test")
     assert isinstance(tracker, MemoryTracker)
+    assert tracker.run_name == "run" and tracker.started == 1
     assert tracker.kwargs == {"flavour": "plain"} and tracker.config == {"a": 1}
+    assert acc.get_tracker("memory-test", unwrap=True) is tracker.rows
     assert tracker.rows == [(5, {"loss": 2.0})]
     acc.end_training()
     assert tracker.finished
@@ -133,5 +144,143 @@ def test_only_the_main_process_writes(write_script, tmp_path: Path) -> None:
     assert [(e.step, e.value) for e in reader.Scalars("value")] == [(0, 0.0), (1, 10.0), (2, 20.0)]
     assert sorted(p.name for p in logs.rglob("*") if p.is_file() and "tfevents" not in p.name) == [
         "config.json",
+        "hparams.yml",
         "metrics.jsonl",
     ]
+
+
+def _hparams(directory: Path) -> dict[str, Any]:
+    """The hyperparameters `add_hparams` wrote under `directory`, read back from the event file."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    reader = _read_events(directory)
+    content = reader.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {
+        key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+        for key, value in start.hparams.items()
+    }
+
+
+def test_tensorboard_config_goes_to_hparams_and_a_yaml_file(tmp_path: Path) -> None:
+    import yaml
+
+    config = {"lr": 0.125, "model": "mlp", "layers": 2, "amp": True}
+    acc = Accelerator(log_with="tensorboard", project_dir=str(tmp_path))
+    acc.init_trackers("run", config=config)
+    acc.end_training()
+    # As Accelerate: add_hparams writes its own run in a timestamped directory, and
+    # hparams.yml goes into <logging_dir>/<run>/<timestamp>/.
+    yamls = list((tmp_path / "run").glob("*/hparams.yml"))
+    assert len(yamls) == 1, yamls
+    assert yaml.safe_load(yamls[0].read_text()) == config
+    hparam_dirs = [p.parent for p in (tmp_path / "run").glob("*/events.out.tfevents.*")]
+    assert len(hparam_dirs) == 1, hparam_dirs
+    assert _hparams(hparam_dirs[0]) == {"lr": 0.125, "model": "mlp", "layers": 2.0, "amp": True}
+
+
+def test_general_tracker_has_accelerates_constructor_contract() -> None:
+    class Incomplete(GeneralTracker):
+        def __init__(self) -> None:
+            super().__init__()
+
+    with pytest.raises(NotImplementedError, match=r"missing.*`name`, `requires_logging_directory`, `tracker`"):
+        Incomplete()
+
+    class Blank(GeneralTracker):
+        pass
+
+    assert Blank(_blank=True).main_process_only is True
+    tracker = MemoryTracker("r")
+    assert (tracker.name, tracker.requires_logging_directory, tracker.main_process_only) == ("memory-test", False, True)
+    # The base methods do nothing, as Accelerate's.
+    assert GeneralTracker.log(tracker, {"x": 1}) is None and GeneralTracker.start(tracker) is None
+
+
+def test_builtin_tracker_signatures_are_accelerates() -> None:
+    import inspect
+
+    from accel import tracking
+
+    def params(cls: type) -> list[tuple[str, Any]]:
+        return [(p.name, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
+
+    empty = inspect.Parameter.empty
+    assert params(tracking.GeneralTracker) == [("self", empty), ("_blank", False)]
+    assert params(tracking.TensorBoardTracker) == [
+        ("self", empty),
+        ("run_name", empty),
+        ("logging_dir", empty),
+        ("kwargs", empty),
+    ]
+    assert params(tracking.WandBTracker) == [("self", empty), ("run_name", empty), ("kwargs", empty)]
+    assert params(tracking.AimTracker) == [
+        ("self", empty),
+        ("run_name", empty),
+        ("logging_dir", "."),
+        ("kwargs", empty),
+    ]
+    assert params(tracking.MLflowTracker) == [
+        ("self", empty),
+        ("experiment_name", None),
+        ("logging_dir", None),
+        ("run_id", None),
+        ("tags", None),
+        ("nested_run", False),
+        ("run_name", None),
+        ("description", None),
+    ]
+    assert params(tracking.DVCLiveTracker) == [("self", empty), ("run_name", None), ("live", None), ("kwargs", empty)]
+    assert params(tracking.ClearMLTracker) == [("self", empty), ("run_name", None), ("kwargs", empty)]
+    # Constructing one imports nothing and starts nothing (W&B is not needed for this).
+    wandb = tracking.WandBTracker("proj", mode="offline")
+    assert (wandb.run_name, wandb.init_kwargs, wandb.tracker) == ("proj", {"mode": "offline"}, None)
+
+
+def test_a_tracker_instance_in_log_with_is_started_and_used(tmp_path: Path) -> None:
+    mine = MemoryTracker("given", colour="blue")
+    acc = Accelerator(log_with=[mine, "jsonl"], project_dir=str(tmp_path))
+    assert mine.started == 0  # started by init_trackers, as Accelerate
+    acc.init_trackers("proj", config={"b": 2})
+    acc.log({"loss": 1.5}, step=3)
+    assert acc.get_tracker("memory-test") is mine
+    assert (mine.started, mine.config, mine.rows) == (1, {"b": 2}, [(3, {"loss": 1.5})])
+    acc.end_training()
+    assert mine.finished
+
+
+def test_log_with_refuses_what_is_not_a_tracker() -> None:
+    with pytest.raises(TypeError, match=r"log_with: 42 is neither a tracker name nor a tracker object"):
+        Accelerator(log_with=[42])
+    with pytest.raises(TypeError, match=r"MemoryTracker is a tracker class; pass an instance"):
+        Accelerator(log_with=[MemoryTracker])
+
+
+def test_register_tracker_class_checks_and_builds_as_accelerate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accel.tracking import register_tracker_class
+
+    monkeypatch.setattr(accel_trackers, "_TRACKERS", dict(accel_trackers._TRACKERS))
+
+    class NoDirFlag(GeneralTracker):
+        name = "no-dir-flag"
+
+    with pytest.raises(ValueError, match=r"must define a `requires_logging_directory` class attribute"):
+        register_tracker_class(NoDirFlag)
+
+    class DirTracker(MemoryTracker):
+        name: ClassVar[str] = "dir-test"
+        requires_logging_directory: ClassVar[bool] = True
+
+        def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
+            super().__init__(run_name, **kwargs)
+            self.logging_dir = logging_dir
+
+    register_tracker_class(DirTracker)
+    acc = Accelerator(log_with="dir-test", project_dir=str(tmp_path))
+    acc.init_trackers("p", init_kwargs={"dir-test": {"k": 1}})
+    tracker = acc.get_tracker("dir-test")
+    # Built as cls(project_name, logging_dir, **init_kwargs) since it requires a logging directory.
+    assert (tracker.run_name, tracker.logging_dir, tracker.kwargs) == ("p", acc.logging_dir, {"k": 1})
+    acc.end_training()

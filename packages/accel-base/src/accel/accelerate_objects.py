@@ -113,3 +113,42 @@ def convert_accelerator_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
         else:
             out[role] = convert(value, role)
     return out
+
+
+_TRACKER_METHODS = ("log", "store_init_configuration", "finish")
+
+
+def _from_accelerate(cls: type) -> bool:
+    return any(base.__module__.split(".")[0] == "accelerate" for base in cls.__mro__)
+
+
+def adopt_tracker(item: Any) -> Any:
+    """A `log_with` item that is not a name: a tracker object accel can drive, returned as it is.
+
+    A tracker built on the real `accelerate.tracking.GeneralTracker` (both packages installed)
+    has accel's tracker interface (`name`, `start`, `store_init_configuration`, `log`,
+    `finish`, `tracker`), so accel's `init_trackers`, `log`, `get_tracker` and
+    `end_training` drive it unchanged; its `@on_main_process` methods consult Accelerate's
+    own `PartialState`, which agrees with accel's on which process is the main one.
+
+    Raises:
+        AccelerateObjectError: a tracker class rather than an instance, or an Accelerate
+            object without the tracker interface.
+    """
+    if isinstance(item, type):
+        raise AccelerateObjectError(
+            f"log_with: {item.__qualname__} is a tracker class; pass an instance ({item.__qualname__}(...)), "
+            "or register the class with `accel.tracking.register_tracker_class` and pass its `name`."
+        )
+    if not _from_accelerate(type(item)):
+        return item
+    missing = [attr for attr in ("name", *_TRACKER_METHODS) if not callable(getattr(item, attr, None))]
+    if "name" in missing and isinstance(getattr(item, "name", None), str):
+        missing.remove("name")
+    if missing:
+        raise AccelerateObjectError(
+            f"log_with: {type(item).__qualname__} (from the real accelerate package) is not a tracker: it lacks "
+            f"{', '.join(missing)}. Pass a tracker name, or an instance of an `accel.tracking.GeneralTracker` "
+            "subclass."
+        )
+    return item

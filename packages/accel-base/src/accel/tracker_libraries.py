@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -44,15 +45,21 @@ def _scalars(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class WandBTracker(GeneralTracker):
-    """Weights & Biases: `wandb.init(project=run_name, **kwargs)` (offline with `WANDB_MODE=offline`)."""
+    """Weights & Biases: `wandb.init(project=run_name, **kwargs)` at `start` (offline with `WANDB_MODE=offline`)."""
 
     name: ClassVar[str] = "wandb"
     requires_logging_directory: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
         wandb = _library("wandb", "wandb", "wandb")
-        self.run = wandb.init(project=run_name, **kwargs)
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -69,44 +76,63 @@ class WandBTracker(GeneralTracker):
 
 
 class MLflowTracker(GeneralTracker):
-    """MLflow: an experiment named `run_name` (or `MLFLOW_EXPERIMENT_NAME`) in the tracking store
-    (`MLFLOW_TRACKING_URI`, e.g. a `file:` directory), one run per `init_trackers`."""
+    """MLflow: a run of the experiment `experiment_name` (the project name given to `init_trackers`).
+
+    As Accelerate's: `MLFLOW_EXPERIMENT_NAME`, `MLFLOW_RUN_ID`, `MLFLOW_TAGS` (JSON) and
+    `MLFLOW_NESTED_RUN` override the arguments; the store is `MLFLOW_TRACKING_URI`.
+    `init_kwargs={"mlflow": {"run_name": ...}}` names the run inside the experiment.
+    """
 
     name: ClassVar[str] = "mlflow"
     requires_logging_directory: ClassVar[bool] = False
 
     def __init__(
         self,
-        run_name: str | None = None,
-        logging_dir: str | None = None,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
-        tags: dict[str, Any] | None = None,
-        nested_run: bool = False,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | None = False,
+        run_name: str | None = None,
         description: str | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(run_name or "accel", logging_dir)
+        super().__init__()
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        if isinstance(tags, str):
+            tags = json.loads(tags)
+        nested = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        if isinstance(nested, str):
+            nested = nested.strip().lower() in {"1", "true", "yes", "y", "on", "t"}
+        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.logging_dir = logging_dir
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        self.tags = tags
+        self.nested_run = bool(nested)
+        self.run_name = run_name
+        self.description = description
+        self.active_run: Any = None
+
+    def start(self) -> None:
         mlflow = _library("mlflow", "mlflow", "mlflow")
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", run_name)
-        found = mlflow.get_experiment_by_name(experiment_name)
+        found = mlflow.get_experiment_by_name(self.experiment_name) if self.experiment_name else None
         experiment_id = (
             found.experiment_id
             if found is not None
-            else mlflow.create_experiment(experiment_name, artifact_location=logging_dir, tags=tags)
+            else mlflow.create_experiment(name=self.experiment_name, artifact_location=self.logging_dir, tags=self.tags)
         )
-        self.run = mlflow.start_run(
-            run_id=os.environ.get("MLFLOW_RUN_ID", run_id),
+        self.active_run = mlflow.start_run(
+            run_id=self.run_id,
             experiment_id=experiment_id,
-            run_name=kwargs.pop("mlflow_run_name", None),
-            nested=nested_run,
-            tags=tags,
-            description=description,
+            run_name=self.run_name,
+            nested=self.nested_run,
+            tags=self.tags,
+            description=self.description,
         )
         self._mlflow = mlflow
 
     @property
     def tracker(self) -> Any:
-        return self.run
+        return self.active_run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # MLflow caps parameter values at 500 characters.
@@ -121,15 +147,20 @@ class MLflowTracker(GeneralTracker):
 
 
 class CometMLTracker(GeneralTracker):
-    """Comet: `comet_ml.start(project_name=run_name, **kwargs)` (offline with `online=False`)."""
+    """Comet: `comet_ml.start(project_name=run_name, **kwargs)` at `start` (offline with `online=False`)."""
 
     name: ClassVar[str] = "comet_ml"
     requires_logging_directory: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+
+    def start(self) -> None:
         comet_ml = _library("comet_ml", "comet_ml", "comet_ml")
-        self.writer = comet_ml.start(project_name=run_name, **kwargs)
+        self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -146,16 +177,22 @@ class CometMLTracker(GeneralTracker):
 
 
 class AimTracker(GeneralTracker):
-    """Aim: a run in the local repository `logging_dir` (default ".")."""
+    """Aim: a run in the local repository `logging_dir` (default "."), named `run_name`."""
 
     name: ClassVar[str] = "aim"
     requires_logging_directory: ClassVar[bool] = True
 
-    def __init__(self, run_name: str, logging_dir: str | None = ".", **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.aim_repo_path = logging_dir
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+
+    def start(self) -> None:
         aim = _library("aim", "aim", "aim")
-        self.writer = aim.Run(repo=str(logging_dir or "."), **kwargs)
-        self.writer.name = run_name
+        self.writer = aim.Run(repo=str(self.aim_repo_path or "."), **self.init_kwargs)
+        self.writer.name = self.run_name
 
     @property
     def tracker(self) -> Any:
@@ -173,17 +210,31 @@ class AimTracker(GeneralTracker):
 
 
 class ClearMLTracker(GeneralTracker):
-    """ClearML: `Task.init(project_name=run_name, **kwargs)` (offline with `CLEARML_OFFLINE_MODE=1`)."""
+    """ClearML: the current task, else `Task.init(project_name=run_name, task_name=run_name, **kwargs)`.
+
+    `CLEARML_PROJECT` and `CLEARML_TASK` name them when `init_kwargs` does not;
+    offline with `CLEARML_OFFLINE_MODE=1`.
+    """
 
     name: ClassVar[str] = "clearml"
     requires_logging_directory: ClassVar[bool] = False
 
-    def __init__(self, run_name: str | None = None, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name or "accel", logging_dir)
+    def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.user_provided_run_name = run_name
+        self.init_kwargs = kwargs
+        self.task: Any = None
+
+    def start(self) -> None:
         clearml = _library("clearml", "clearml", "clearml")
-        kwargs.setdefault("project_name", run_name)
-        kwargs.setdefault("task_name", kwargs["project_name"])
-        self.task = clearml.Task.current_task() or clearml.Task.init(**kwargs)
+        current = clearml.Task.current_task()
+        if current:
+            self.task = current
+            return
+        arguments = dict(self.init_kwargs)
+        arguments.setdefault("project_name", os.environ.get("CLEARML_PROJECT", self.user_provided_run_name))
+        arguments.setdefault("task_name", os.environ.get("CLEARML_TASK", self.user_provided_run_name))
+        self.task = clearml.Task.init(**arguments)
 
     @property
     def tracker(self) -> Any:
@@ -203,17 +254,19 @@ class ClearMLTracker(GeneralTracker):
 
 
 class DVCLiveTracker(GeneralTracker):
-    """DVCLive: `dvclive.Live(**kwargs)` (metrics under its `dir`, default "dvclive"), or the `live` object given."""
+    """DVCLive: `dvclive.Live(**kwargs)` at `start` (metrics under its `dir`, default "dvclive"), or the `live` given."""
 
     name: ClassVar[str] = "dvclive"
     requires_logging_directory: ClassVar[bool] = False
 
-    def __init__(
-        self, run_name: str | None = None, logging_dir: str | None = None, live: Any = None, **kwargs: Any
-    ) -> None:
-        super().__init__(run_name or "accel", logging_dir)
+    def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.live = live
+        self.init_kwargs = kwargs
+
+    def start(self) -> None:
         dvclive = _library("dvclive", "dvclive", "dvclive")
-        self.live = live if live is not None else dvclive.Live(**kwargs)
+        self.live = self.live if self.live is not None else dvclive.Live(**self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -234,15 +287,21 @@ class DVCLiveTracker(GeneralTracker):
 
 
 class TrackioTracker(GeneralTracker):
-    """Trackio: `trackio.init(project=run_name, **kwargs)` (a local database; nothing leaves the machine)."""
+    """Trackio: `trackio.init(project=run_name, **kwargs)` at `start` (a local database)."""
 
     name: ClassVar[str] = "trackio"
     requires_logging_directory: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
         self._trackio = _library("trackio", "trackio", "trackio")
-        self.run = self._trackio.init(project=run_name, **kwargs)
+        self.run = self._trackio.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -259,15 +318,21 @@ class TrackioTracker(GeneralTracker):
 
 
 class SwanLabTracker(GeneralTracker):
-    """SwanLab: `swanlab.init(project=run_name, **kwargs)` (`mode="offline"` or "local" keeps it on disk)."""
+    """SwanLab: `swanlab.init(project=run_name, **kwargs)` at `start` (`mode="offline"` or "local" stays on disk)."""
 
     name: ClassVar[str] = "swanlab"
     requires_logging_directory: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
-        super().__init__(run_name, logging_dir)
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
         self._swanlab = _library("swanlab", "swanlab", "swanlab")
-        self.run = self._swanlab.init(project=run_name, **kwargs)
+        self.run = self._swanlab.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:

@@ -27,39 +27,80 @@ def register_tracker(cls: type[GeneralTracker]) -> type[GeneralTracker]:
     return cls
 
 
+_TRACKER_INTERFACE = ("name", "log", "store_init_configuration", "finish")
+
+
+def is_tracker_instance(item: Any) -> bool:
+    """Whether `item` is a tracker object: a `GeneralTracker`, or one with its interface (e.g. built with Accelerate)."""
+    if isinstance(item, GeneralTracker):
+        return True
+    return not isinstance(item, (str, type)) and all(hasattr(item, attr) for attr in _TRACKER_INTERFACE)
+
+
 class TrackerHub:
-    """The trackers one Accelerator logs to."""
+    """The trackers one Accelerator logs to.
+
+    `log_with` items are tracker names (registered, or Accelerate's) or tracker objects:
+    accel `GeneralTracker` subclasses, or objects with the same interface (`name`, `log`,
+    `store_init_configuration`, `finish`; `start` and `tracker` when they have them), which
+    covers trackers subclassed from the real `accelerate.tracking.GeneralTracker`.
+
+    Raises:
+        ValueError: an unknown tracker name.
+        TypeError: an item that is neither a name nor a tracker object.
+    """
 
     def __init__(self, log_with: Any, logging_dir: str | None, *, is_main_process: bool) -> None:
+        from .accelerate_objects import adopt_tracker
+
         if log_with is None:
             log_with = []
-        elif isinstance(log_with, (str, GeneralTracker)):
+        elif isinstance(log_with, str) or not isinstance(log_with, (list, tuple)):
             log_with = [log_with]
+        log_with = [adopt_tracker(item) if not isinstance(item, str) else item for item in log_with]
         if "all" in log_with:
             # Every registered tracker, except Accelerate's whose package is not installed.
             available = set(get_available_trackers())
             log_with = [name for name in _TRACKERS if name not in LOGGER_TYPE_TO_CLASS or name in available]
         for item in log_with:
-            if isinstance(item, str) and item not in _TRACKERS:
-                raise ValueError(
-                    f"Unknown tracker {item!r}. Known trackers: {sorted(_TRACKERS)}; add one with `register_tracker`."
+            if isinstance(item, str):
+                if item not in _TRACKERS:
+                    raise ValueError(
+                        f"Unknown tracker {item!r}. Known trackers: {sorted(_TRACKERS)}; "
+                        "add one with `register_tracker`."
+                    )
+            elif not is_tracker_instance(item):
+                raise TypeError(
+                    f"log_with: {item!r} is neither a tracker name nor a tracker object. Pass a name "
+                    f"({sorted(_TRACKERS)}) or an instance of an `accel.tracking.GeneralTracker` subclass."
                 )
         self.requested = list(log_with)
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
-        self.active: list[GeneralTracker] = []
+        self.active: list[Any] = []
 
     def init(self, project_name: str, config: dict[str, Any] | None, init_kwargs: dict[str, Any]) -> None:
+        """Build the named trackers as Accelerate does, `start()` every tracker, then store `config` (main process)."""
         if not self.is_main_process:
             return
+        trackers: list[Any] = []
         for item in self.requested:
-            if isinstance(item, GeneralTracker):
-                tracker = item
+            if not isinstance(item, str):
+                trackers.append(item)
+                continue
+            cls = _TRACKERS[item]
+            kwargs = init_kwargs.get(str(item), {})
+            if cls.requires_logging_directory:
+                trackers.append(cls(project_name, self.logging_dir or ".", **kwargs))
             else:
-                tracker = _TRACKERS[item](project_name, self.logging_dir, **init_kwargs.get(item, {}))
-            if config is not None:
+                trackers.append(cls(project_name, **kwargs))
+        for tracker in trackers:
+            if hasattr(tracker, "start"):
+                tracker.start()
+        if config is not None:
+            for tracker in trackers:
                 tracker.store_init_configuration(config)
-            self.active.append(tracker)
+        self.active.extend(trackers)
 
     def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, Any]) -> None:
         for tracker in self.active:
@@ -81,12 +122,14 @@ class _NullTracker(GeneralTracker):
     """Returned by `get_tracker` on processes that do not log: every call does nothing."""
 
     name: ClassVar[str] = "null"
+    requires_logging_directory: ClassVar[bool] = False
 
     def __init__(self) -> None:
-        super().__init__("null")
+        super().__init__(_blank=True)
 
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        pass
+    @property
+    def tracker(self) -> Any:
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None

@@ -7,8 +7,10 @@ local modes are the libraries' own settings, passed through `init_kwargs` or the
 environment variables (W&B `WANDB_MODE=offline`, MLflow's file store, Aim's local repo,
 ClearML `CLEARML_OFFLINE_MODE=1`, Comet `online=False`, SwanLab `mode="offline"`).
 
-Write your own by subclassing `GeneralTracker` (`name`, `requires_logging_directory`,
-`tracker`, `store_init_configuration`, `log`, `finish`) and `register_tracker_class`.
+Write your own as for Accelerate: subclass `GeneralTracker` (class attributes `name` and
+`requires_logging_directory`, a `tracker` property, `super().__init__()` in `__init__`,
+the library started in `start()`), then pass an instance in `log_with=[...]` or
+`register_tracker_class` it and pass its name.
 """
 
 from __future__ import annotations
@@ -55,12 +57,18 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
     """Make a `GeneralTracker` subclass usable as `log_with=<its name>` (Accelerate's spelling of `register_tracker`).
 
     Raises:
-        ValueError: not a `GeneralTracker` subclass, or no `name`.
+        ValueError: not a `GeneralTracker` subclass, no `name`, or no `requires_logging_directory`.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
         raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}.")
-    if not getattr(tracker_class, "name", None) or tracker_class.name == GeneralTracker.name:
+    if not getattr(tracker_class, "name", None):
         raise ValueError("The tracker class to register must define a non-empty `name` attribute.")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(
+            "The tracker class to register must define a `requires_logging_directory` class attribute. "
+            "Set it to True if the tracker needs a `logging_dir` (it is then built as "
+            "`cls(project_name, logging_dir, **init_kwargs)`), False otherwise."
+        )
     return register_tracker(tracker_class)
 
 
