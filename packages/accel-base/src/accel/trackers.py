@@ -8,6 +8,7 @@ and "tensorboard" (event files through `torch.utils.tensorboard`); Accelerate's 
 
 from __future__ import annotations
 
+import enum
 from typing import Any, ClassVar
 
 from .tracker_base import GeneralTracker, JSONLTracker, TensorBoardTracker
@@ -57,7 +58,11 @@ class TrackerHub:
             log_with = []
         elif isinstance(log_with, str) or not isinstance(log_with, (list, tuple)):
             log_with = [log_with]
-        log_with = [adopt_tracker(item) if not isinstance(item, str) else item for item in log_with]
+        # An enum member names a tracker by its value (accel's or Accelerate's `LoggerType`).
+        log_with = [
+            item.value if isinstance(item, enum.Enum) and isinstance(item.value, str) else item for item in log_with
+        ]
+        log_with = [item if isinstance(item, str) else adopt_tracker(item) for item in log_with]
         if "all" in log_with:
             # Every registered tracker, except Accelerate's whose package is not installed.
             available = set(get_available_trackers())
