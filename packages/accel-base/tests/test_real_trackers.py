@@ -2,14 +2,17 @@
 
 Each test logs three steps through `Accelerator(log_with=<name>)` and reads them back with
 the tracker's own library or from the files it wrote. A tracker whose package is not
-installed is skipped here (and its error, naming the extra, is checked instead).
+installed is skipped here, except with `ACCEL_REQUIRE_TRACKERS=1` (set by `nox -s trackers`),
+where it fails: that session must test every tracker, not go green without one.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sqlite3
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -29,9 +32,18 @@ def _train(name: str, tmp_path: Path, **init_kwargs: object) -> Accelerator:
     return accelerator
 
 
+REQUIRE_ENV = "ACCEL_REQUIRE_TRACKERS"
+
+
 def _needs(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed (nox -s trackers installs it)")
+    """Skip when `module` is not installed; fail instead when ACCEL_REQUIRE_TRACKERS=1."""
+    if importlib.util.find_spec(module) is not None:
+        return
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(
+            f"{module} is not installed but {REQUIRE_ENV}=1 requires every tracker package (accel-base[trackers])"
+        )
+    pytest.skip(f"{module} is not installed (nox -s trackers installs it)")
 
 
 def _files_mention(root: Path, needle: bytes) -> bool:
@@ -60,14 +72,18 @@ def test_mlflow_local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # MLflow 3 keeps its plain-file store read-only: a local SQLite file is its local store now.
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    accelerator = _train("mlflow", tmp_path)
+    # As Accelerate: the project names the experiment, `run_name` in init_kwargs the run.
+    accelerator = _train("mlflow", tmp_path, run_name="trial-3")
     run_id = accelerator.get_tracker("mlflow", unwrap=True).info.run_id
     accelerator.end_training()
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     assert [m.value for m in client.get_metric_history(run_id, "loss")] == LOSSES
-    assert client.get_run(run_id).data.params == {"lr": "0.1", "layers": "2"}
+    run = client.get_run(run_id)
+    assert run.data.params == {"lr": "0.1", "layers": "2"}
+    assert run.info.run_name == "trial-3"
+    assert client.get_experiment(run.info.experiment_id).name == "accel-trackers"
 
 
 def test_comet_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,16 +147,24 @@ def test_swanlab_offline(tmp_path: Path) -> None:
     assert _files_mention(tmp_path / "swanlab", b"loss")
 
 
-def test_a_missing_tracker_package_names_the_extra(tmp_path: Path) -> None:
-    missing = next(
-        (n for n in ("wandb", "mlflow", "aim", "clearml", "dvclive", "swanlab") if importlib.util.find_spec(n) is None),
-        None,
-    )
-    if missing is None:
-        pytest.skip("every tracker package is installed here")
-    accelerator = Accelerator(log_with=missing, project_dir=str(tmp_path))
-    with pytest.raises(ImportError, match=rf'pip install "accel-base\[{missing}\]"'):
+@pytest.mark.parametrize("name", ["wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "trackio", "swanlab"])
+def test_a_missing_tracker_package_names_the_extra(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The package made unimportable (a None entry in sys.modules), whether or not it is installed.
+    monkeypatch.setitem(sys.modules, name, None)
+    accelerator = Accelerator(log_with=name, project_dir=str(tmp_path))
+    with pytest.raises(ImportError, match=rf'pip install "accel-base\[{name}\]"'):
         accelerator.init_trackers("x")
+    assert accelerator.trackers == []
+
+
+def test_a_missing_package_fails_when_trackers_are_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="wandb is not installed"):
+        _needs("wandb")
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=r"wandb is not installed but ACCEL_REQUIRE_TRACKERS=1"):
+        _needs("wandb")
 
 
 RANK_ZERO = """
