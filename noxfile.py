@@ -293,5 +293,6 @@ def trackers(session: nox.Session) -> None:
     packages in offline or local mode, from accel-base's `trackers` extra."""
     install_base(session, "trackers")
     session.install("pytest", "pytest-timeout")
-    env = {"WANDB_SILENT": "true", "CLEARML_OFFLINE_MODE": "1"}
+    # ACCEL_REQUIRE_TRACKERS: a tracker whose package did not install fails here instead of skipping.
+    env = {"WANDB_SILENT": "true", "CLEARML_OFFLINE_MODE": "1", "ACCEL_REQUIRE_TRACKERS": "1"}
     session.run("pytest", f"{BASE}/tests/test_real_trackers.py", "-q", "--timeout=600", *session.posargs, env=env)
