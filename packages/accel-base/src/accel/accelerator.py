@@ -24,9 +24,10 @@ from .accelerate_env import launch_defaults
 from .accelerate_objects import convert, convert_accelerator_arguments
 from .accelerator_compat import AcceleratorCompatMixin
 from .adapter import Adapter
+from .compat_table import AccelerateFeatureError
 from .compile import strip_compile, unwrap_through
 from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
-from .errors import CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
+from .errors import AccelError, CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
 from .kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -40,7 +41,13 @@ from .kwargs import (
     check_positive_int,
 )
 from .optimizer import AcceleratedOptimizer
-from .parallelism_config import as_parallelism_config, bind_parallelism, from_environment, with_parallelism
+from .parallelism_config import (
+    ParallelismConfig,
+    as_parallelism_config,
+    bind_parallelism,
+    from_environment,
+    with_parallelism,
+)
 from .precision import Precision, remove_autocast_wrapper
 from .prepare import PrepareContext
 from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
@@ -84,6 +91,10 @@ class Accelerator(AcceleratorCompatMixin):
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
         parallelism_config: an `accel.utils.ParallelismConfig` (data/tensor/context parallel sizes on one
             device mesh, composed on FSDP2; docs/parallelism.md).
+        torch_tp_plugin: deprecated in Accelerate: run as `ParallelismConfig(tp_size=plugin.tp_size)`, with
+            Accelerate's FutureWarning.
+        deepspeed_plugins: `{name: plugin}` with one plugin, used as `deepspeed_plugin` (accel runs one DeepSpeed
+            plugin per Accelerator: several raise `AccelerateFeatureError`).
 
     Raises:
         ValueError: unknown precision, a precision the adapter lacks, or a kwargs handler
@@ -100,6 +111,7 @@ class Accelerator(AcceleratorCompatMixin):
         dataloader_config: DataLoaderConfiguration | None = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
         rng_types: list[str] | None = None,
         log_with: Any = None,
@@ -110,6 +122,8 @@ class Accelerator(AcceleratorCompatMixin):
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         *,
         adapter: str | None = None,
         adapter_options: Mapping[str, Any] | None = None,
@@ -117,8 +131,9 @@ class Accelerator(AcceleratorCompatMixin):
         strategy: str | None = None,
         strategy_config: Any = None,
         even_batches: bool | None = None,
-        parallelism_config: Any = None,
     ) -> None:
+        deepspeed_plugin, deepspeed_plugin_name = _one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        parallelism_config = _tp_plugin_as_parallelism(torch_tp_plugin, parallelism_config)
         # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
         asked = strategy is not None or any(p is not None for p in plugins)
@@ -205,6 +220,8 @@ class Accelerator(AcceleratorCompatMixin):
             use_distributed
         ) or self.adapter.data_parallel_type(use_distributed)
         self.state._strategy = self.strategy  # AcceleratorState.deepspeed_plugin / fsdp_plugin read its plugin
+        self.state._deepspeed_plugin_name = deepspeed_plugin_name  # AcceleratorState.deepspeed_plugins
+        self.state._torch_tp_plugin = torch_tp_plugin
 
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(
@@ -971,12 +988,27 @@ class Accelerator(AcceleratorCompatMixin):
             cfg.iteration += 1
         return str(path)
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, strict: bool = True, **_: Any) -> None:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        strict: bool = True,
+        **load_model_func_kwargs: Any,
+    ) -> None:
         """Restore everything `save_state` saved. With no `input_dir`, the latest complete automatic checkpoint.
+
+        Accelerate's extra arguments, as far as accel's loader can honour them: `map_location` ("cpu",
+        "on_device" or None; states are read on the host and each optimizer moves its state to its parameters'
+        device, which is where both choices end up); `load_kwargs={"weights_only": True}` (what accel always
+        does). accel never unpickles arbitrary objects, so `weights_only=False` is refused, and so is anything
+        else in `load_kwargs` or any other keyword (Accelerate hands those to `torch.load` and the model loader).
 
         Raises:
             CheckpointError: no checkpoint, an incomplete one, or a damaged or unsafe file.
+            TypeError: a `map_location` other than "cpu", "on_device" or None (Accelerate's error).
+            UnsupportedLoadArgumentError: `weights_only=False` or another argument accel cannot honour.
         """
+        _check_load_arguments(load_kwargs, load_model_func_kwargs)
         cfg = self.project_configuration
         number: int | None
         if input_dir is None:
@@ -1098,6 +1130,76 @@ def _accumulation_steps(steps: Any) -> int:
             f"per optimizer step (for example {name}=4), or unset it."
         )
     return value
+
+
+def _one_deepspeed_plugin(plugin: Any, plugins: Any) -> tuple[Any, str | None]:
+    """The DeepSpeed plugin of `deepspeed_plugin=` / `deepspeed_plugins=`, and its name when given in a dict."""
+    if plugins is None:
+        return plugin, None
+    if plugin is not None:
+        raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
+    if not isinstance(plugins, Mapping):
+        return plugins, None  # Accelerate also takes a single plugin here
+    if len(plugins) != 1:
+        raise AccelerateFeatureError(
+            f"Accelerator(deepspeed_plugins=...) got {len(plugins)} DeepSpeed plugins ({sorted(map(str, plugins))}): "
+            "several DeepSpeed plugins in one Accelerator (several DeepSpeed models, e.g. an RLHF actor and "
+            "reference model, switched with `select_deepspeed_plugin`) are not supported by accel, which runs one "
+            "DeepSpeed plugin per Accelerator today. Pass one: `Accelerator(deepspeed_plugin=plugin)`."
+        )
+    ((name, only),) = plugins.items()
+    return only, str(name)
+
+
+def _tp_plugin_as_parallelism(plugin: Any, parallelism_config: Any) -> Any:
+    """Accelerate's deprecated `torch_tp_plugin`: a FutureWarning, then `ParallelismConfig(tp_size=plugin.tp_size)`
+    unless a `parallelism_config` is given (which wins, as in Accelerate)."""
+    if plugin is None:
+        return parallelism_config
+    tp_size = getattr(plugin, "tp_size", None)
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool):
+        raise AccelerateFeatureError(
+            f"Accelerator(torch_tp_plugin={plugin!r}): expected Accelerate's `TorchTensorParallelPlugin` (an object "
+            "with an integer `tp_size`). Tensor parallelism is configured with "
+            "`Accelerator(parallelism_config=ParallelismConfig(tp_size=...))` (accel.utils; docs/parallelism.md)."
+        )
+    warnings.warn(
+        "`TorchTensorParallelPlugin` is deprecated and will be removed in a future version of Accelerate. "
+        "Please use the `ParallelismConfig` with `tp_size` instead.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return parallelism_config if parallelism_config is not None else ParallelismConfig(tp_size=tp_size)
+
+
+class UnsupportedLoadArgumentError(AccelError, TypeError):
+    """An argument of Accelerate's `load_state` that accel's checkpoint loader cannot honour."""
+
+
+def _check_load_arguments(load_kwargs: Mapping[str, Any] | None, model_kwargs: dict[str, Any]) -> None:
+    """Refuse what `load_state` cannot honour of Accelerate's `load_kwargs` / `**load_model_func_kwargs`."""
+    map_location = model_kwargs.pop("map_location", None)
+    if map_location not in (None, "cpu", "on_device"):
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, or `'on_device'`"
+        )
+    load_kwargs = dict(load_kwargs or {})
+    if load_kwargs.pop("weights_only", True) is not True:
+        raise UnsupportedLoadArgumentError(
+            "load_state(load_kwargs={'weights_only': False}): accel never unpickles arbitrary objects from a "
+            "checkpoint (tensors are read with safetensors, other states with `torch.load(weights_only=True)`), so "
+            "it cannot load what only a full unpickle could. Drop `weights_only` (or pass True); a state that is "
+            "not plain tensors, numbers and containers belongs in an object registered with "
+            "`register_for_checkpointing` that returns such a `state_dict()`."
+        )
+    refused = [f"load_kwargs[{k!r}]" for k in sorted(load_kwargs)] + [f"{k}=" for k in sorted(model_kwargs)]
+    if refused:
+        raise UnsupportedLoadArgumentError(
+            f"load_state: {', '.join(refused)} cannot be honoured by accel's checkpoint loader (Accelerate hands "
+            "them to `torch.load` and to the model's loader; accel reads its own verified files with safetensors "
+            "and a weights-only `torch.load`). It accepts `strict=`, `map_location=` ('cpu', 'on_device' or None) "
+            "and `load_kwargs={'weights_only': True}`; remove the others."
+        )
 
 
 def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:

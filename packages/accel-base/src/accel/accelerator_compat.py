@@ -61,6 +61,13 @@ class AcceleratorCompatMixin:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({k: (weakref.WeakSet() if v is _EmptyWeakSet else v) for k, v in state.items()})
 
+    def __getattr__(self, name: str) -> Any:
+        # Python calls this only on a miss: an Accelerate member accel lacks (`compat_table.UNSUPPORTED_MEMBERS`)
+        # raises `AccelerateNameError` saying why; a property whose getter failed re-raises its own error.
+        from .state import member_miss
+
+        raise member_miss(self, "Accelerator", name)
+
     # ---- configuration read back ---------------------------------------------------------
     @property
     def native_amp(self) -> bool:

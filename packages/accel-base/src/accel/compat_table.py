@@ -96,6 +96,19 @@ class AccelerateNameError(AccelError, AttributeError):
     """A name of Accelerate that accel does not provide; the message says why and what to use."""
 
 
+class AccelerateFeatureError(AccelError, NotImplementedError):
+    """An Accelerate feature asked for through an argument accel has, in a form accel does not support."""
+
+
+# Members of Accelerate's `Accelerator` and state objects that accel deliberately lacks (by owner). Looked up only
+# by the owners' `__getattr__`, which Python calls on a miss: members that exist cost nothing.
+UNSUPPORTED_MEMBERS: dict[str, str] = {
+    "Accelerator": r"deepspeed_engine_wrapped",
+    "AcceleratorState": r"downcast_bfloat|megatron_lm_plugin",
+    "GradientState": r"_?is_[a-z0-9]+_gradients_synced",
+}
+
+
 class Unsupported:
     """Stand-in for an Accelerate name accel deliberately lacks: importing it works (so a script's
     import line is not where it breaks), and using it raises `NotImplementedError` saying why."""
@@ -121,6 +134,20 @@ def reason_for(name: str) -> str | None:
         if re.fullmatch(pattern, name):
             return reason
     return None
+
+
+def missing_member(owner: str, name: str) -> AttributeError:
+    """The error for reading `name` from accel's `owner` ("Accelerator", "AcceleratorState", ...) when it lacks it.
+
+    A member Accelerate 1.15 has and accel deliberately lacks gives an `AccelerateNameError` (an
+    `AttributeError`, so `hasattr` and `getattr(obj, name, default)` keep working) saying why and what to use;
+    any other name the `AttributeError` Python would give, naming `owner`.
+    """
+    pattern = UNSUPPORTED_MEMBERS.get(owner)
+    if pattern is not None and re.fullmatch(pattern, name):
+        reason = reason_for(name) or _HARDWARE
+        return AccelerateNameError(f"`{owner}.{name}` of Accelerate is not supported by accel: {reason}.")
+    return AttributeError(f"'{owner}' object has no attribute '{name}'")
 
 
 def missing_attribute(accelerate_module: str, name: str, accel_module: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from .accelerate_env import apply_accelerate_env
 from .adapter import Adapter
+from .compat_table import AccelerateFeatureError, missing_member
 from .debug import check_collective
 from .distributed_type import DistributedType
 from .errors import DistributedSetupError
@@ -64,6 +66,27 @@ def _reset_message(cls_name: str, name: str) -> str:
         f"`{cls_name}` object has no attribute `{name}`. This happens if `{cls_name}._reset_state()` was called and "
         "an `Accelerator` or `PartialState` was not reinitialized."
     )
+
+
+def member_miss(obj: Any, owner: str, name: str) -> AttributeError:
+    """The error for `obj.name` that `owner`'s `__getattr__` raises (Python calls it only on a miss).
+
+    A property whose getter raised AttributeError lands here too: it is run again so that its own error
+    propagates (not one naming the property). Otherwise `compat_table.missing_member`: an Accelerate member accel
+    lacks says why and what to use; any other name gets Python's message, naming `owner`.
+    """
+    if name.startswith("__"):
+        return AttributeError(f"'{owner}' object has no attribute '{name}'")
+    attr = inspect.getattr_static(type(obj), name, None)
+    if isinstance(attr, property) and attr.fget is not None:
+        try:
+            attr.fget(obj)
+        except AttributeError as exc:
+            return exc
+    error = missing_member(owner, name)
+    if type(obj).__name__ != owner and type(error) is AttributeError:
+        return AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")  # a user's subclass
+    return error
 
 
 def is_initialized() -> bool:
@@ -210,7 +233,7 @@ class PartialState:
         # Only reached for attributes that are not set: explain the ones `_reset_state()` removed.
         if name in type(self)._known_attrs:
             raise AttributeError(_reset_message("PartialState", name))
-        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+        raise missing_member("PartialState", name)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A state is one per process (Borg): unpickled in a process whose state is set up, it is that live state
@@ -506,12 +529,18 @@ class AcceleratorState:
         return self._partial.adapter  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not set here: forward to the partial state.
+        # Only reached for attributes not set here: forward to the partial state. A miss there names this class
+        # (Accelerate's message), or says why accel lacks an Accelerate member (`compat_table.UNSUPPORTED_MEMBERS`).
         if not name.startswith("__") and "_partial" in self.__dict__:
-            return getattr(self.__dict__["_partial"], name)
+            try:
+                return getattr(self.__dict__["_partial"], name)
+            except AttributeError:
+                if name in PartialState._known_attrs:
+                    raise  # the partial state was reset: its explanation
+                raise missing_member("AcceleratorState", name) from None
         if name in type(self)._known_attrs:
             raise AttributeError(_reset_message("AcceleratorState", name))
-        raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+        raise missing_member("AcceleratorState", name)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # See `PartialState.__setstate__`.
@@ -610,6 +639,69 @@ class AcceleratorState:
             return None
         return getattr(self.__dict__.get("_strategy"), "plugin", None)
 
+    # ---- parallelism and DeepSpeed plugins, read from the Accelerator's strategy ---------------
+    @property
+    def parallelism_config(self) -> Any:
+        """The Accelerator's `ParallelismConfig` (`Accelerator.parallelism_config`), else None."""
+        return getattr(self.__dict__.get("_strategy"), "parallelism", None)
+
+    @property
+    def device_mesh(self) -> Any:
+        """The Accelerator's device mesh (`Accelerator.torch_device_mesh`: the ParallelismConfig's named mesh, else
+        the FSDP2 strategy's 1-D mesh), else None."""
+        return getattr(self.__dict__.get("_strategy"), "_mesh", None)
+
+    @property
+    def torch_tp_plugin(self) -> Any:
+        """The deprecated `TorchTensorParallelPlugin` given to the Accelerator (run as `ParallelismConfig(tp_size=)`),
+        else None."""
+        return self.__dict__.get("_torch_tp_plugin")
+
+    @property
+    def deepspeed_plugins(self) -> Any:
+        """The DeepSpeed plugin as given to the Accelerator when it uses DeepSpeed, else None: a `{name: plugin}`
+        dict for `deepspeed_plugins={name: plugin}`, the plugin itself for `deepspeed_plugin=plugin` (as in
+        Accelerate). accel runs one DeepSpeed plugin per Accelerator."""
+        plugin = self.deepspeed_plugin
+        if plugin is None:
+            return None
+        key = self.__dict__.get("_deepspeed_plugin_name")
+        return {key: plugin} if key is not None else plugin
+
+    def _deepspeed_plugin_named(self, name: str | None) -> Any:
+        if str(self.__dict__.get("strategy_name", "")) != "deepspeed":
+            raise ValueError(
+                "DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
+                "before calling this function."
+            )
+        key = self.__dict__.get("_deepspeed_plugin_name")
+        if name != key and not (key is None and name in (None, "default")):
+            raise AccelerateFeatureError(
+                f"No DeepSpeed plugin named {name!r}: this Accelerator has one, "
+                f"{'given as deepspeed_plugin=' if key is None else repr(key)}. Several DeepSpeed plugins (several "
+                "DeepSpeed models, e.g. an RLHF actor and reference model) are not supported by accel: it runs one "
+                "DeepSpeed plugin per Accelerator."
+            )
+        return self.deepspeed_plugin
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed plugin named `name` in `Accelerator(deepspeed_plugins={name: plugin})` (accel has one).
+
+        Raises:
+            ValueError: the Accelerator does not use DeepSpeed (Accelerate's message).
+            AccelerateFeatureError: no plugin by that name (accel runs one DeepSpeed plugin per Accelerator).
+        """
+        return self._deepspeed_plugin_named(name)
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin `name` the active one: accel has one, always active, so this checks the name only.
+
+        Raises:
+            ValueError: the Accelerator does not use DeepSpeed (Accelerate's message).
+            AccelerateFeatureError: another name (accel runs one DeepSpeed plugin per Accelerator).
+        """
+        self._deepspeed_plugin_named(name)
+
     def __repr__(self) -> str:
         return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\nStrategy: {self.strategy_name}\n"
 
@@ -656,6 +748,10 @@ class GradientState:
     @property
     def initialized(self) -> bool:
         return self._shared_state.get("_initialized", False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached on a miss: an Accelerate member accel lacks says why (`compat_table.UNSUPPORTED_MEMBERS`).
+        raise member_miss(self, "GradientState", name)
 
     @property
     def num_steps(self) -> int:
