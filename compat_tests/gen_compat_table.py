@@ -51,7 +51,29 @@ NOTES = {
     "DynamoBackend": "hardware-specific backends come from the adapters; torch.compile accepts any name",
     "FP8RecipeKwargs": "MS-AMP (`backend='msamp'`, `opt_level`) refused; honoured by adapters that implement fp8",
     "TERecipeKwargs": "kept on the Accelerator for the adapters that implement fp8",
-    "AORecipeKwargs": "kept on the Accelerator for the adapters that implement fp8",
+    "AORecipeKwargs": "kept on the Accelerator for the adapters that implement fp8; `pad_inner_dim` / "
+    "`enable_fsdp_float8_all_gather` build the Float8LinearConfig when given (torchao's defaults otherwise, "
+    "where Accelerate turns both on)",
+    "TorchDynamoPlugin": "`disable=True` prepares the model without compiling it (no OptimizedModule wrapper)",
+    "get_gpu_info": "answered by `torch.accelerator` for any device backend; `([], 0)` without one (Accelerate "
+    "fails without nvidia-smi)",
+    "is_bf16_available": "the adapter in use answers; `ignore_tpu` is accepted and left to the adapter",
+    "SAFE_WEIGHTS_NAME": "written by `save_model`",
+    "SAFE_WEIGHTS_INDEX_NAME": "written by `save_model` when sharding",
+    "SAFE_WEIGHTS_PATTERN_NAME": "`save_model`'s shards (suffix `-00001-of-00002`)",
+    "SAFE_MODEL_NAME": "`save_state` writes `model.safetensors`",
+    "OPTIMIZER_NAME": "`save_state` writes `optimizer.bin`",
+    "SCHEDULER_NAME": "`save_state` writes `scheduler.bin`",
+    "SCALER_NAME": "`save_state` writes it with a grad scaler",
+    "RNG_STATE_NAME": "`save_state` writes `random_states_<rank>.pt` (Accelerate: `.pkl`)",
+    "MODEL_NAME": "Accelerate's value; accel never writes `pytorch_model*` files (`safe_serialization=False` "
+    "writes `model.bin`)",
+    "WEIGHTS_NAME": "Accelerate's value; accel never writes it (`save_model(safe_serialization=False)` writes "
+    "`model.bin`)",
+    "WEIGHTS_INDEX_NAME": "Accelerate's value; accel never writes it (its index is `model.bin.index.json`)",
+    "WEIGHTS_PATTERN_NAME": "Accelerate's value; accel never writes it (its shards are `model-*.bin`)",
+    "SAMPLER_NAME": "Accelerate's value; accel never writes it (loader positions are in `dataloaders.json`)",
+    "PROFILE_PATTERN_NAME": "Accelerate's value; `Accelerator.profile` writes `trace_rank<r>.json`, not `profile_rank<r>.json`",
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
     "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",

@@ -290,3 +290,128 @@ print("synchronized", acc.process_index)
 def test_synchronize_rng_states_copies_rank_0s_generators(write_script) -> None:
     proc = launch(write_script(SYNC))  # fails the test if an assertion failed on either rank
     assert proc.stdout.count("synchronized") == 2, proc.stdout
+
+
+# ---- issue 16: Accelerate 1.15's parameters on the utils ------------------------------------
+def test_send_to_device_takes_non_blocking_positionally_and_skips_keys() -> None:
+    batch = {"x": torch.ones(2), "ids": torch.arange(3), "nest": [{"ids": torch.zeros(1), "y": torch.ones(1)}]}
+    moved = send_to_device(batch, "meta", False, "ids")
+    assert moved["x"].device.type == "meta" and moved["nest"][0]["y"].device.type == "meta"
+    # skipped keys keep their very tensor, at every depth of the nest
+    assert moved["ids"] is batch["ids"] and moved["nest"][0]["ids"] is batch["nest"][0]["ids"]
+    moved = send_to_device(batch, torch.device("meta"), non_blocking=True, skip_keys=["ids", "x"])
+    assert moved["x"] is batch["x"] and moved["nest"][0]["y"].device.type == "meta"
+    assert send_to_device(tensor=torch.ones(1), device="meta").device.type == "meta"
+
+
+def test_recursively_apply_passes_extra_arguments_and_can_refuse_other_leaves() -> None:
+    from accel.utils import recursively_apply
+
+    data = {"a": torch.tensor([1.0, 2.0]), "b": (torch.tensor(3.0), "text")}
+    out = recursively_apply(lambda t, scale, shift=0.0: t * scale + shift, data, 10.0, shift=1.0)
+    assert out["a"].tolist() == [11.0, 21.0] and out["b"][0].item() == 31.0 and out["b"][1] == "text"
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\)"):
+        recursively_apply(lambda t: t, data, error_on_other_type=True)
+    assert recursively_apply(len, ["ab", ["cde"]], test_type=lambda x: isinstance(x, str)) == [2, [3]]
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
+def test_extract_model_from_parallel_recursive_unwraps_every_submodule() -> None:
+    from accel.utils import extract_model_from_parallel
+
+    inner = torch.nn.Linear(2, 2)
+    body = torch.nn.Sequential(_Wrapper(_Wrapper(inner)), torch.nn.ReLU())
+    assert extract_model_from_parallel(_Wrapper(body)) is body
+    assert isinstance(body[0], _Wrapper)  # not recursive: children untouched
+    out = extract_model_from_parallel(_Wrapper(body), recursive=True)
+    assert out is body and body[0] is inner and isinstance(body[1], torch.nn.ReLU)
+
+
+def test_get_module_children_bottom_up_with_names() -> None:
+    from accel.utils import get_module_children_bottom_up
+
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ReLU()), torch.nn.Linear(1, 1))
+    named = get_module_children_bottom_up(model, return_fqns=True)
+    assert [n for n, _ in named] == ["0.0", "0.1", "0", "1", ""]
+    assert {n: m for n, m in named} == dict(model.named_modules())
+    assert get_module_children_bottom_up(model) == [m for _, m in named]
+
+
+def test_torch_dynamo_plugin_disable_prepares_without_compiling() -> None:
+    from accel.compile import is_compiled_module
+    from accel.utils import TorchDynamoPlugin
+
+    plugin = TorchDynamoPlugin(backend="eager", disable=True)
+    assert plugin.disable and plugin.backend == "no"
+    assert not is_compiled_module(Accelerator(dynamo_plugin=plugin).prepare(torch.nn.Linear(2, 2)))
+
+
+def test_ao_recipe_kwargs_flags_need_torchao_or_refuse_with_a_config() -> None:
+    from accel.utils import AORecipeKwargs
+
+    assert AORecipeKwargs().config is None
+    with pytest.raises(ValueError, match="set them on the Float8LinearConfig"):
+        AORecipeKwargs(config=object(), pad_inner_dim=True)
+    if importlib.util.find_spec("torchao") is None:
+        with pytest.raises(ImportError, match=r"AORecipeKwargs\(pad_inner_dim=, enable_fsdp_float8_all_gather=\)"):
+            AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False)
+    else:
+        config = AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False).config
+        assert config.pad_inner_dim is True and config.enable_fsdp_float8_all_gather is False
+
+
+def test_file_name_constants_name_the_files_accel_writes(tmp_path: Path) -> None:
+    import accel.utils as u
+
+    assert (u.SAFE_WEIGHTS_NAME, u.WEIGHTS_NAME, u.SAFE_WEIGHTS_INDEX_NAME) == (
+        "model.safetensors",
+        "pytorch_model.bin",
+        "model.safetensors.index.json",
+    )
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.save_model(model, tmp_path / "whole")
+    assert (tmp_path / "whole" / u.SAFE_WEIGHTS_NAME).is_file()
+    accelerator.save_model(model, tmp_path / "sharded", max_shard_size=40)
+    index = tmp_path / "sharded" / u.SAFE_WEIGHTS_INDEX_NAME
+    assert index.is_file()
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
+    assert shards == [u.SAFE_WEIGHTS_PATTERN_NAME.format(suffix="-00001-of-00002"), "model-00002-of-00002.safetensors"]
+    accelerator.save_state(tmp_path / "ckpt")
+    written = {p.name for p in (tmp_path / "ckpt").iterdir()}
+    expected = {f"{u.SAFE_MODEL_NAME}.safetensors", f"{u.OPTIMIZER_NAME}.bin", f"{u.SCHEDULER_NAME}.bin"}
+    assert expected <= written, written
+    assert f"{u.RNG_STATE_NAME}_0.pt" in written
+
+
+def test_get_gpu_info_counts_the_accelerator_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.utils import get_gpu_info
+
+    if not torch.accelerator.is_available():
+        assert get_gpu_info() == ([], 0)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cpu, "get_device_name", lambda i: f"fake-{i}", raising=False)
+    assert get_gpu_info() == (["fake-0", "fake-1"], 2)
+    monkeypatch.delattr(torch.cpu, "get_device_name")
+    assert get_gpu_info() == (["cpu:0", "cpu:1"], 2)
+
+
+def test_is_bnb_available_compares_min_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accel.imports as imports
+
+    monkeypatch.setattr(imports, "_bnb_installed", lambda: True)
+    monkeypatch.setattr(imports.importlib.metadata, "version", lambda name: "0.40.0")
+    assert imports.is_bnb_available() and imports.is_bnb_available("0.39.0")
+    assert not imports.is_bnb_available(min_version="0.41.0")
+    monkeypatch.setattr(imports, "_bnb_installed", lambda: False)
+    assert not imports.is_bnb_available()

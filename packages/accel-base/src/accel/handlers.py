@@ -131,6 +131,33 @@ class AORecipeKwargs(KwargsHandler):
 
     config: Any = None
     module_filter_func: Callable[..., bool] | None = None
+    pad_inner_dim: bool | None = None
+    """With `config=None`: build a `Float8LinearConfig(pad_inner_dim=...)` (as Accelerate does)."""
+    enable_fsdp_float8_all_gather: bool | None = None
+    """With `config=None`: build a `Float8LinearConfig(enable_fsdp_float8_all_gather=...)`."""
+
+    def __post_init__(self) -> None:
+        flags = {
+            name: getattr(self, name)
+            for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather")
+            if getattr(self, name) is not None
+        }
+        if not flags:
+            return
+        if self.config is not None:
+            raise ValueError(
+                f"AORecipeKwargs: {', '.join(flags)} only apply when no `config` is given (Accelerate ignores them "
+                "then); set them on the Float8LinearConfig you pass instead."
+            )
+        try:
+            from torchao.float8 import Float8LinearConfig
+        except ImportError as e:
+            raise ImportError(
+                f"AORecipeKwargs({', '.join(f'{k}=' for k in flags)}) builds a torchao `Float8LinearConfig`, and "
+                "torchao is not installed: install torchao (with an adapter that supports fp8), or drop these "
+                "arguments."
+            ) from e
+        self.config = Float8LinearConfig(**flags)
 
 
 @dataclass

@@ -58,7 +58,14 @@ is_msamp_available = _probe("msamp")
 is_megatron_lm_available = _probe("megatron", "megatron_lm")
 is_import_timer_available = _probe("import_timer")
 is_tqdm_available = _probe("tqdm")
-is_bnb_available = _probe("bitsandbytes", "bnb")
+_bnb_installed = _probe("bitsandbytes", "bnb")
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """Whether bitsandbytes is installed (at `min_version` or newer when given, as in Accelerate)."""
+    if not _bnb_installed():
+        return False
+    return min_version is None or compare_versions("bitsandbytes", ">=", min_version)
 
 
 def is_4bit_bnb_available() -> bool:
@@ -133,12 +140,12 @@ def is_fp8_available() -> bool:
 
 
 def _requires(probe: Callable[[], bool], library: str, extra: str) -> Callable[[Any], Any]:
-    def decorator(function: Any) -> Any:
-        @functools.wraps(function)
+    def decorator(func: Any) -> Any:
+        @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not probe():
-                raise ImportError(f"{function.__name__} needs {library}: `pip install {extra}`.")
-            return function(*args, **kwargs)
+                raise ImportError(f"{func.__name__} needs {library}: `pip install {extra}`.")
+            return func(*args, **kwargs)
 
         return wrapper
 

@@ -233,8 +233,14 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool = False
     """Compile each repeated block (children of ModuleLists) once instead of the whole model:
     much shorter compile times for deep models."""
+    disable: bool = False
+    """Turn compilation into a no-op (Accelerate's `disable`, passed to `torch.compile`): the model is
+    prepared without compiling; the other settings are kept but unused."""
 
     def __post_init__(self) -> None:
         if self.backend is None:
             env = os.environ.get("ACCEL_DYNAMO_BACKEND")
             self.backend = env.lower() if env else None
+        if self.disable:
+            # `torch.compile(..., disable=True)` compiles nothing: accel then skips compilation altogether.
+            self.backend = "no"

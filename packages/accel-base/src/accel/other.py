@@ -13,12 +13,13 @@ from .compile import is_compiled_module
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
 ) -> torch.nn.Module:
     """The user's module out of DDP/FSDP/DeepSpeed-style wrappers (anything with a `.module`) and compile.
 
     With an `Accelerator`, prefer `accelerator.unwrap_model`, which also knows the strategy's own wrappers.
-    `keep_fp32_wrapper=False` also removes the mixed-precision forward.
+    `keep_fp32_wrapper=False` also removes the mixed-precision forward. `recursive=True` (as in Accelerate)
+    also replaces every submodule that is such a wrapper by the module inside it, in place, all the way down.
     """
     from .precision import remove_autocast_wrapper
 
@@ -26,12 +27,25 @@ def extract_model_from_parallel(
     inner: Any = model._orig_mod if compiled else model
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
+    if recursive:
+        inner = _unwrap_children(inner)
     if not keep_fp32_wrapper:
         remove_autocast_wrapper(inner)
     if compiled and keep_torch_compile:
         model._orig_mod = inner  # type: ignore[assignment]
         return model
     return inner  # type: ignore[no-any-return]
+
+
+def _unwrap_children(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` out of its `.module` wrappers, with each child unwrapped the same way (set in place)."""
+    while isinstance(getattr(module, "module", None), torch.nn.Module):
+        module = module.module  # type: ignore[assignment]
+    for name, child in list(module.named_children()):
+        unwrapped = _unwrap_children(child)
+        if unwrapped is not child:
+            setattr(module, name, unwrapped)
+    return module
 
 
 def wait_for_everyone() -> None:
@@ -175,17 +189,21 @@ def model_has_dtensor(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def get_module_children_bottom_up(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Every submodule of `model` (itself included), children before their parents."""
-    order: list[torch.nn.Module] = []
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every submodule of `model` (itself last), children before their parents.
 
-    def visit(module: torch.nn.Module) -> None:
-        for child in module.children():
-            visit(child)
-        order.append(module)
+    With `return_fqns=True` (as in Accelerate), each entry is `(fully qualified name, module)`, the
+    model itself named "".
+    """
+    order: list[tuple[str, torch.nn.Module]] = []
 
-    visit(model)
-    return order
+    def visit(prefix: str, module: torch.nn.Module) -> None:
+        for name, child in module.named_children():
+            visit(f"{prefix}.{name}" if prefix else name, child)
+        order.append((prefix, module))
+
+    visit("", model)
+    return list(order) if return_fqns else [m for _, m in order]
 
 
 def is_peft_model(model: Any) -> bool:

@@ -14,31 +14,69 @@ def is_namedtuple(data: Any) -> bool:
 
 
 def recursively_apply(
-    func: Callable[[torch.Tensor], Any], data: Any, *, test_type: Callable[[Any], bool] | None = None
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] | None = None,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
 ) -> Any:
-    """Apply `func` to every tensor in a nested structure; other leaves are returned as they are."""
+    """Apply `func(leaf, *args, **kwargs)` to every leaf of a nested structure that `test_type` accepts
+    (default: tensors), keeping the structure (lists, tuples, namedtuples, mappings).
+
+    Other leaves are returned as they are, or, with `error_on_other_type=True`, raise a TypeError
+    (Accelerate's `recursively_apply`).
+    """
     test = test_type or (lambda t: isinstance(t, torch.Tensor))
-    if isinstance(data, (list, tuple)):
-        items = [recursively_apply(func, d, test_type=test_type) for d in data]
-        if is_namedtuple(data):
-            return type(data)(*items)
-        return type(data)(items)
-    if isinstance(data, Mapping):
-        return type(data)({k: recursively_apply(func, v, test_type=test_type) for k, v in data.items()})  # type: ignore[call-arg]
-    if test(data):
-        return func(data)
-    return data
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, (list, tuple)):
+            items = [walk(d) for d in node]
+            if is_namedtuple(node):
+                return type(node)(*items)
+            return type(node)(items)
+        if isinstance(node, Mapping):
+            return type(node)({k: walk(v) for k, v in node.items()})  # type: ignore[call-arg]
+        if test(node):
+            return func(node, *args, **kwargs)
+        if error_on_other_type:
+            raise TypeError(
+                f"Unsupported types ({type(node)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+                f"list/tuple/dicts of objects that are valid for `{getattr(test, '__name__', test)}` should be passed."
+            )
+        return node
+
+    return walk(data)
 
 
-def send_to_device(data: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """Move every tensor (and object with `.to`) in `data` to `device`; tensors already there are untouched."""
+def send_to_device(
+    tensor: Any, device: Any, non_blocking: bool = False, skip_keys: str | list[str] | None = None
+) -> Any:
+    """Move every tensor (and object with `.to`) in `tensor`, a nest of lists/tuples/dicts, to `device`;
+    tensors already there are untouched.
+
+    `skip_keys`: a key or list of keys of the mappings in the nest whose values stay where they are
+    (Accelerate's `send_to_device`).
+    """
+    skip = [skip_keys] if isinstance(skip_keys, str) else list(skip_keys or ())
+    target = torch.device(device) if isinstance(device, str) else device
 
     def move(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.device == device:
-            return t
-        return t.to(device, non_blocking=non_blocking)
+        if isinstance(t, torch.Tensor):
+            return t if t.device == target else t.to(target, non_blocking=non_blocking)
+        if isinstance(t, (list, tuple)):
+            items = [move(d) for d in t]
+            return type(t)(*items) if is_namedtuple(t) else type(t)(items)
+        if isinstance(t, Mapping):
+            return type(t)({k: v if k in skip else move(v) for k, v in t.items()})  # type: ignore[call-arg]
+        if hasattr(t, "to") and callable(t.to):
+            try:
+                return t.to(target, non_blocking=non_blocking)
+            except TypeError:  # a `.to` without non_blocking
+                return t.to(target)
+        return t
 
-    return recursively_apply(move, data, test_type=lambda t: hasattr(t, "to") and callable(t.to))
+    return move(tensor)
 
 
 def tensors_in(data: Any) -> list[torch.Tensor]:

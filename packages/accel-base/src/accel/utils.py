@@ -153,6 +153,45 @@ from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummySched
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
 from .tqdm import tqdm
 
+# Accelerate's file-name constants (`accelerate.utils.constants`), with its values. What accel writes:
+# `save_model` writes SAFE_WEIGHTS_NAME, or shards named by SAFE_WEIGHTS_PATTERN_NAME plus
+# SAFE_WEIGHTS_INDEX_NAME; `save_state` writes f"{SAFE_MODEL_NAME}.safetensors", f"{OPTIMIZER_NAME}.bin",
+# f"{SCHEDULER_NAME}.bin", SCALER_NAME and f"{RNG_STATE_NAME}_{rank}.pt" (Accelerate: .pkl). accel never
+# writes the pickle-format names (MODEL_NAME, WEIGHTS_*: `safe_serialization=False` writes "model.bin"),
+# SAMPLER_NAME (sampler positions live in "dataloaders.json") or profile traces named by
+# PROFILE_PATTERN_NAME; they are exported as the plain names Accelerate gives them (docs/accelerate_compat.md).
+SCALER_NAME = "scaler.pt"
+MODEL_NAME = "pytorch_model"
+SAFE_MODEL_NAME = "model"
+RNG_STATE_NAME = "random_states"
+OPTIMIZER_NAME = "optimizer"
+SCHEDULER_NAME = "scheduler"
+SAMPLER_NAME = "sampler"
+PROFILE_PATTERN_NAME = "profile_{suffix}.json"
+WEIGHTS_NAME = f"{MODEL_NAME}.bin"
+WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
+WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
+SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
+SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """`(names, count)` of the accelerator devices torch sees, as Accelerate's `get_gpu_info`.
+
+    Answered through `torch.accelerator` (whichever device backend is installed, no vendor named);
+    `([], 0)` when there is none, where Accelerate's version fails for want of its vendor tool.
+    Device names come from the backend's `get_device_name` where it has one, else "<type>:<index>".
+    """
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is None:
+        return [], 0
+    count = torch.accelerator.device_count()
+    module = torch.get_device_module(accelerator)
+    get_name = getattr(module, "get_device_name", None)
+    names = [str(get_name(i)) if callable(get_name) else f"{accelerator.type}:{i}" for i in range(count)]
+    return names, count
+
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
     """Seed python, numpy, torch and the adapter's device generators.
@@ -186,6 +225,21 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "SCALER_NAME",
+    "MODEL_NAME",
+    "SAFE_MODEL_NAME",
+    "RNG_STATE_NAME",
+    "OPTIMIZER_NAME",
+    "SCHEDULER_NAME",
+    "SAMPLER_NAME",
+    "PROFILE_PATTERN_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "get_gpu_info",
     "AORecipeKwargs",
     "AutocastKwargs",
     "CannotPadNestedTensorWarning",
