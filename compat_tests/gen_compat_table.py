@@ -36,6 +36,11 @@ NO_MODULE = {
 }
 # Names accel has with a difference worth knowing.
 NOTES = {
+    "deepspeed_plugins": "one DeepSpeed plugin per Accelerator: a dict with one entry is that plugin; several are refused",
+    "get_deepspeed_plugin": "one DeepSpeed plugin per Accelerator: only its own name is found",
+    "select_deepspeed_plugin": "one DeepSpeed plugin per Accelerator: only its own name can be selected",
+    "device_mesh": "the same mesh as `torch_device_mesh`",
+    "load_state": "`load_kwargs` takes `map_location` ('cpu', 'on_device') and `weights_only=True`; anything that would unpickle code is refused",
     "DistributedType": "members naming hardware (MULTI_GPU, XLA, ...) come from the installed adapter packages",
     "FullyShardedDataParallelPlugin": "accel's `FSDPConfig` (FSDP2 only; FSDP1-only fields are refused)",
     "DeepSpeedPlugin": "the DeepSpeed strategy's config (`pip install accel-base[deepspeed]`)",
