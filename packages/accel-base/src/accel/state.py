@@ -464,6 +464,10 @@ class AcceleratorState:
     _shared_state: dict[str, Any] = {}
     _strategy: Any
     """The Accelerator's strategy (set by it), for `deepspeed_plugin` / `fsdp_plugin`."""
+    _deepspeed_plugin_name: str | None
+    """The name of the one plugin given as `deepspeed_plugins={name: plugin}` (set by the Accelerator)."""
+    _torch_tp_plugin: Any
+    """The deprecated `torch_tp_plugin` the Accelerator was given, for `AcceleratorState.torch_tp_plugin`."""
     _known_attrs: list[str] = [
         *PartialState._known_attrs,
         "deepspeed_plugin",

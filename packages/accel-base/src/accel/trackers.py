@@ -15,14 +15,16 @@ from .tracker_base import GeneralTracker, JSONLTracker, TensorBoardTracker
 from .tracker_libraries import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
 # Built in, then Accelerate's trackers under its names.
-_TRACKERS: dict[str, type[GeneralTracker]] = {
+# Tracker classes by name; `Any`: Accelerate's contract puts `name` and `requires_logging_directory`
+# on the subclasses, not on GeneralTracker.
+_TRACKERS: dict[str, Any] = {
     "jsonl": JSONLTracker,
     "tensorboard": TensorBoardTracker,
     **LOGGER_TYPE_TO_CLASS,
 }
 
 
-def register_tracker(cls: type[GeneralTracker]) -> type[GeneralTracker]:
+def register_tracker(cls: Any) -> Any:
     """Make a tracker class available to `log_with` under `cls.name` (usable as a decorator)."""
     _TRACKERS[cls.name] = cls
     return cls
