@@ -278,7 +278,7 @@ def compat(session: nox.Session) -> None:
     """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
     numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current;
     and a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back."""
-    install_base(session)
+    install_base(session, "tensorboard")  # Accelerate's LoggerType.TENSORBOARD is driven by accel's tracker
     session.install("accelerate==1.15.0", "transformers>=4.50", "pytest", "pytest-timeout", TORCH)
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
     # accel-base tests that compare against Accelerate or train a transformers model skip in the
