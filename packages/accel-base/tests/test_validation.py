@@ -142,24 +142,6 @@ def test_optimizer_over_another_models_parameters_warns() -> None:
     assert "model.parameters()" in found[0]
 
 
-def test_an_optimizer_the_adapter_re_keyed_in_place_does_not_warn(monkeypatch: pytest.MonkeyPatch) -> None:
-    # As IPEX's `ipex.optimize` does under bf16 weight prepacking: the model's optimizer is re-keyed in
-    # place onto tensors the adapter keeps (not the prepared model's parameters); training is the
-    # adapter's business, and no "trains nothing" warning may appear.
-    from accel.adapters.cpu import CPUAdapter
-
-    def rekey(self, model, ctx):
-        for opt in ctx.optimizers:
-            for group in opt.param_groups:
-                group["params"] = [torch.nn.Parameter(p.detach().clone()) for p in group["params"]]
-        return model
-
-    monkeypatch.setattr(CPUAdapter, "prepare_model", rekey)
-    accelerator = Accelerator(cpu=True)
-    model = torch.nn.Linear(2, 2)
-    assert _prepare_warnings(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1)) == []
-
-
 def test_optimizer_prepared_after_a_different_model_warns() -> None:
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(torch.nn.Linear(2, 2))

@@ -477,7 +477,6 @@ class Accelerator(AcceleratorCompatMixin):
             self.strategy.validate_device_placement(device_placement)
         self.strategy.validate_prepare(args, self._run())
         objects = list(args)
-        given_params = {id(o): _param_ids(o) for o in objects if isinstance(o, torch.optim.Optimizer)}
         # Paired by parameter identity before preparing changes any parameter.
         groups = group_objects(
             [None if getattr(o, "_is_accel_prepared", False) else o for o in objects],
@@ -511,16 +510,8 @@ class Accelerator(AcceleratorCompatMixin):
             self.gradient_accumulation_steps = steps
         # Checked once everything is placed and re-pointed (an adapter that moves parameters, FSDP2's
         # shards), on the optimizers this call wrapped as they were given.
-        # An optimizer whose parameters preparing re-pointed (the core's map, an adapter such as
-        # IPEX re-keying it in place) was paired with its model: only untouched ones are checked.
         _warn_detached_optimizers(
-            [
-                res.optimizer
-                for obj, res in zip(args, result)
-                if getattr(res, "optimizer", None) is obj
-                and id(obj) in given_params
-                and _param_ids(obj) == given_params[id(obj)]
-            ],
+            [res.optimizer for obj, res in zip(args, result) if getattr(res, "optimizer", None) is obj],
             self._models,
         )
         for obj in result:
@@ -1096,10 +1087,6 @@ def _holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
         return False
     params = {id(p) for p in model.parameters()}
     return any(id(p) in params for p in optimizer_params(obj))
-
-
-def _param_ids(optimizer: Any) -> list[int]:
-    return [id(p) for group in optimizer.param_groups for p in group["params"]]
 
 
 def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
