@@ -69,17 +69,26 @@ def _sgd_setup(acc: Accelerator, **model_kwargs: Any) -> tuple[torch.nn.Module, 
     return acc.prepare(model, opt)  # type: ignore[no-any-return]
 
 
-def _train_slices(acc: Accelerator, model: torch.nn.Module, opt: Any, steps: int) -> list[float]:
-    rank, world = _rank_world()
-    x, y = make_data(steps * PER_RANK * world)
+def _train_slices(
+    acc: Accelerator,
+    model: torch.nn.Module,
+    opt: Any,
+    steps: int,
+    shard: tuple[int, int] | None = None,
+    mean_loss: bool = False,
+) -> list[float]:
+    """Train `steps` SGD steps on this process's slice of the kit's data; `shard` is (number of data
+    shards, this process's shard), default one per rank; `mean_loss` records the loss averaged over ranks."""
+    n_shards, index = shard if shard is not None else _rank_world()[::-1]
+    x, y = make_data(steps * PER_RANK * n_shards)
     losses = []
     for step in range(steps):
-        s = rank_slice(step, rank, world)
+        s = rank_slice(step, index, n_shards)
         loss = _mse(model, x[s], y[s], acc.device)
         acc.backward(loss)
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss.detach()))
+        losses.append(float(acc.reduce(loss.detach(), "mean").item()) if mean_loss else float(loss.detach()))
     return losses
 
 
@@ -342,15 +351,7 @@ def parallel(_: Path, kind: str) -> dict[str, Any]:
     mesh = acc.torch_device_mesh
     model, opt = _sgd_setup(acc)
     n_dp, dp_rank = acc._data_shards()
-    x, y = make_data(TRAIN_STEPS * PER_RANK * n_dp)
-    losses = []
-    for step in range(TRAIN_STEPS):
-        s = rank_slice(step, dp_rank, n_dp)
-        loss = _mse(model, x[s], y[s], acc.device)
-        acc.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(acc.reduce(loss.detach(), "mean").item()))
+    losses = _train_slices(acc, model, opt, TRAIN_STEPS, shard=(n_dp, dp_rank), mean_loss=True)
     return {
         "losses": losses,
         "params": flat_params(acc.unwrap_model(model)).tolist(),
