@@ -34,6 +34,34 @@ def check(proc: subprocess.CompletedProcess[str]) -> None:
         pytest.fail(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
 
 
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def check_reference(proc: subprocess.CompletedProcess[str], result: Path) -> None:
+    """`check` for a run under the real Accelerate, which does not drain gloo's work at exit.
+
+    Accelerate 1.15.0 leaves the gloo group to interpreter teardown, where a worker thread
+    that frees a finished collective's tensors can abort the process (SIGABRT, "terminate
+    called without an active exception"; accel's own exit hook drains this, see
+    `PartialState._destroy_at_exit`). CI saw it once in ~30 reference runs. That abort comes
+    after the script's last line, so a run that wrote its complete `result` file and died only
+    of it still gives the reference numbers; any other failure fails the test.
+    """
+    if proc.returncode == 0:
+        return
+    aborted_at_exit = GLOO_EXIT_ABORT in proc.stderr and "SIGABRT" in proc.stderr
+    if aborted_at_exit and result.is_file():
+        try:
+            import torch
+
+            torch.load(result)
+        except Exception:  # noqa: BLE001 - a truncated or unreadable file is a failed run
+            pass
+        else:
+            return
+    check(proc)
+
+
 @pytest.fixture(scope="session")
 def real_accelerate() -> Path:
     """The installed Accelerate's package directory (the comparison needs version 1.15.0)."""

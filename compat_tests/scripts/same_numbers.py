@@ -8,6 +8,7 @@ losses it saw to OUT_FILE (torch.save). compat_tests/test_same_numbers.py runs i
 real Accelerate and under accel (the import resolved to accel) and compares.
 """
 
+import os
 import sys
 
 import torch
@@ -58,5 +59,8 @@ for _epoch in range(3):
 accelerator.wait_for_everyone()
 if accelerator.is_main_process:
     weights = {k: v.detach().float().cpu() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-    torch.save({"weights": weights, "losses": losses, "accuracies": accuracies, "lr": scheduler.get_last_lr()}, out)
+    # Written whole or not at all: the test reads a file that exists as a finished run.
+    partial = out + ".partial"
+    torch.save({"weights": weights, "losses": losses, "accuracies": accuracies, "lr": scheduler.get_last_lr()}, partial)
+    os.replace(partial, out)
 accelerator.end_training()
