@@ -1,7 +1,7 @@
-"""Adapter hooks around synchronisation: `wait_for_everyone` goes through `Adapter.barrier`
-(default `dist.barrier()`), so an adapter whose backend's barrier returns at once can use its
-runtime's own; `no_sync` and `accumulate` enter `Adapter.no_sync`, for adapters that
-synchronise gradients themselves."""
+"""Hooks around synchronisation: `wait_for_everyone` goes through `Adapter.barrier` (default
+`dist.barrier()`), so an adapter whose backend's barrier returns at once can use its runtime's
+own; `no_sync` and `accumulate` enter `Strategy.no_sync` (data parallelism, the hardware's own
+included, is a strategy's)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_default_barrier_is_torch_distributed(monkeypatch: pytest.MonkeyPatch) -
     assert calls == ["dist"]
 
 
-def test_no_sync_and_accumulate_enter_the_adapters_no_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_sync_and_accumulate_enter_the_strategys_no_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
     import torch
@@ -46,7 +46,7 @@ def test_no_sync_and_accumulate_enter_the_adapters_no_sync(monkeypatch: pytest.M
         entered.append(type(model).__name__)
         yield
 
-    monkeypatch.setattr(acc.adapter, "no_sync", no_sync)
+    monkeypatch.setattr(acc.strategy, "no_sync", no_sync)
     model = acc.prepare(torch.nn.Linear(2, 1))
     with acc.no_sync(model):
         pass

@@ -6,6 +6,7 @@ an `accel.adapters` entry point, put on `sys.path` for the test (see `installed_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -14,7 +15,9 @@ import pytest
 import torch
 from accel import Accelerator, AdapterNotFoundError, registry
 from accel.adapter import ADAPTER_API_VERSION, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Capabilities
+from accel.errors import StrategyNotFoundError
 from accel.prepare import PrepareContext
+from accel.strategies.ddp import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 DISTRIBUTION = "accel-versions-example"
@@ -81,6 +84,29 @@ class VersionOneAdapter(Adapter):
         return new if old is param else param
 
 
+class GradientHookAdapter(VersionOneAdapter):
+    """A version-1 adapter that ran the backward pass and paused its own gradient reduction: the core
+    no longer calls either hook (they belong to strategies), so it must not load silently."""
+
+    name: ClassVar[str] = "gradienthooks"
+    priority: ClassVar[int] = 1000
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> Any:
+        return contextlib.nullcontext()
+
+
+class VersionOneStrategy(DDPStrategy):
+    """A strategy written before `setup`: it replaced the optimizer in `prepare_optimizer`."""
+
+    name: ClassVar[str] = "oldddp"
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:
+        return optimizer
+
+
 class VersionZeroAdapter(VersionOneAdapter):
     name: ClassVar[str] = "versionzero"
     priority: ClassVar[int] = 1000  # available: were it loaded, automatic selection would pick it
@@ -99,11 +125,17 @@ def installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     info = tmp_path / "accel_versions_example-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 0.1\n")
-    points = {
-        cls.name: f"{__name__}:{cls.__name__}" for cls in (VersionOneAdapter, VersionZeroAdapter, NextVersionAdapter)
-    }
+    adapters = (
+        VersionOneAdapter,
+        VersionZeroAdapter,
+        NextVersionAdapter,
+        GradientHookAdapter,
+    )
+    points = {cls.name: f"{__name__}:{cls.__name__}" for cls in adapters}
     (info / "entry_points.txt").write_text(
-        "[accel.adapters]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
+        "[accel.adapters]\n"
+        + "".join(f"{name} = {value}\n" for name, value in points.items())
+        + f"[accel.strategies]\n{VersionOneStrategy.name} = {__name__}:{VersionOneStrategy.__name__}\n"
     )
     for name in ("ACCEL_ADAPTER", "ACCEL_EMULATE", "ACCEL_STRATEGY"):
         monkeypatch.delenv(name, raising=False)
@@ -186,3 +218,36 @@ def test_an_adapter_for_an_unsupported_version_is_refused_by_name(
     # The supported adapter of the same package is unaffected, and automatic selection passes over the refused ones.
     assert registry.get_adapter_class("versionone") is VersionOneAdapter
     assert registry.select_adapter().name not in ("versionzero", "nextversion")
+
+
+def test_an_adapter_that_defines_a_removed_gradient_hook_is_refused_by_name(
+    installed_package: None,
+) -> None:
+    reason = registry.broken_adapters()["gradienthooks"]
+    assert reason == (
+        f"{__name__}.GradientHookAdapter defines backward, no_sync, which this accel-base no longer calls "
+        "(docs/adapters.md, 'Versions of the contract'). Move it: `backward`: run the backward pass in a strategy "
+        "of your package (`Strategy.backward`); `no_sync`: pause gradient synchronisation in a strategy of your "
+        "package (`Strategy.no_sync`)"
+    )
+    with pytest.raises(
+        AdapterNotFoundError,
+        match=r"failed to load: .*GradientHookAdapter defines backward",
+    ):
+        Accelerator(adapter="gradienthooks")
+    # Its priority would have won automatic selection; refused, it is passed over.
+    assert registry.select_adapter().name != "gradienthooks"
+
+
+def test_a_strategy_that_defines_a_removed_prepare_hook_is_refused_by_name(
+    installed_package: None,
+) -> None:
+    with pytest.raises(StrategyNotFoundError) as refused:
+        Accelerator(adapter="versionone", strategy="oldddp")
+    assert str(refused.value) == (
+        f"The accel strategy 'oldddp' ({DISTRIBUTION}) failed to load: {__name__}.VersionOneStrategy defines "
+        "prepare_optimizer, which this accel-base no longer calls (docs/adapters.md, 'Versions of the contract'). "
+        "Move it: `prepare_optimizer`: return the replaced optimizers from `setup(group, prepared, ctx)`"
+    )
+    # The parent it extends (which defines none of them) still loads.
+    assert registry.get_strategy_class("ddp") is DDPStrategy

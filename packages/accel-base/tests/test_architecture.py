@@ -15,6 +15,7 @@ from pathlib import Path
 
 import accel
 import pytest
+from accel import accelerator as accelerator_module
 from accel import checkpoint
 from accel.strategies.base import Strategy
 
@@ -138,9 +139,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 HOOKS = [
     "validate_prepare",
-    "prepare_optimizer",
-    "prepare_scheduler",
-    "after_prepare",
+    "setup",
     "backward",
     "clip_grad_norm_",
     "save_checkpoint_state",
@@ -151,6 +150,21 @@ HOOKS = [
 @pytest.mark.parametrize("hook", HOOKS)
 def test_strategy_hooks_never_take_the_accelerator(hook: str) -> None:
     assert "accelerator" not in inspect.signature(getattr(Strategy, hook)).parameters
+
+
+def test_pairing_has_one_strategy_entry_and_gradients_no_adapter_hook() -> None:
+    """A strategy pairs models with optimizers and schedulers only in `setup`; the backward pass and
+    pausing gradient synchronisation are the strategy's alone (the adapter has no such hooks)."""
+    from accel.adapter import REMOVED_ADAPTER_HOOKS, Adapter
+    from accel.strategies.base import REMOVED_STRATEGY_HOOKS
+
+    assert not any(hasattr(Strategy, hook) for hook in REMOVED_STRATEGY_HOOKS)
+    assert set(REMOVED_STRATEGY_HOOKS) == {"prepare_optimizer", "prepare_scheduler", "after_prepare"}
+    assert not any(hasattr(Adapter, hook) for hook in REMOVED_ADAPTER_HOOKS)
+    assert set(REMOVED_ADAPTER_HOOKS) == {"backward", "no_sync"}
+    source = inspect.getsource(accelerator_module)
+    for call in ("adapter.backward(", "adapter.no_sync(", "strategy.prepare_optimizer(", "strategy.after_prepare("):
+        assert call not in source, call
 
 
 def test_checkpoints_never_take_the_accelerator() -> None:

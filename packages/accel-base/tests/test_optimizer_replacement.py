@@ -1,6 +1,7 @@
 """Schedulers follow an optimizer that an adapter or strategy replaces in `prepare`.
 
-A vendor adapter may return a new optimizer (a fused one) from `prepare_optimizer`. The
+A vendor adapter may return a new optimizer (a fused one) from `prepare_optimizer`, a
+strategy from `setup` (an engine's optimizer). The
 scheduler the user built before `prepare` must then drive the new optimizer: the learning
 rate it reports is the one training uses.
 """
@@ -39,25 +40,35 @@ def _trained_lr(model: torch.nn.Module, opt, sched, accelerator) -> tuple[float,
     return reported, used
 
 
+def _setup_replacing(self, group, prepared, ctx):  # a strategy's `setup` that swaps in a fused optimizer
+    return group.replace(optimizers=[_replace(self, opt, ctx) for opt in group.optimizers])
+
+
 @pytest.mark.parametrize("replaced_by", ["adapter", "strategy"])
-@pytest.mark.parametrize("together", [True, False])
-def test_a_scheduler_follows_a_replaced_optimizer(
-    monkeypatch: pytest.MonkeyPatch, together: bool, replaced_by: str
-) -> None:
+@pytest.mark.parametrize("how", ["together", "later", "one by one"])
+def test_a_scheduler_follows_a_replaced_optimizer(monkeypatch: pytest.MonkeyPatch, how: str, replaced_by: str) -> None:
     from accel.strategies.base import Strategy
 
-    # The adapter's hook (a vendor's fused optimizer) or the strategy's (its `prepare_optimizer`).
-    monkeypatch.setattr(CPUAdapter if replaced_by == "adapter" else Strategy, "prepare_optimizer", _replace)
+    # The adapter's hook (a vendor's fused optimizer) or the strategy's `setup`.
+    if replaced_by == "adapter":
+        monkeypatch.setattr(CPUAdapter, "prepare_optimizer", _replace)
+    else:
+        monkeypatch.setattr(Strategy, "setup", _setup_replacing)
     accelerator = Accelerator()
     model = torch.nn.Linear(1, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.004)
     sched = _warmup(opt)
-    if together:
+    if how == "together":
         model, opt, sched = accelerator.prepare(model, opt, sched)
-    else:  # the scheduler prepared in a later call than its optimizer
+    elif how == "later":  # the scheduler prepared in a later call than its optimizer
         model, opt = accelerator.prepare(model, opt)
         sched = accelerator.prepare(sched)
+    else:  # Accelerate's per-object methods: `setup` sees each object alone
+        model = accelerator.prepare_model(model)
+        opt = accelerator.prepare_optimizer(opt)
+        sched = accelerator.prepare_scheduler(sched)
     assert isinstance(opt.optimizer, Fused)
+    assert sched.scheduler.optimizer is opt.optimizer
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "optimizer.step() has been overridden" warning either
         for step in range(5):

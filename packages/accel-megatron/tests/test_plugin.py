@@ -219,4 +219,5 @@ def test_fp16_backward_scales_the_loss_by_megatron_cores_loss_scale() -> None:
     assert strategy.backward(w * 2.0, sync=True) is True
     assert w.grad == 2.0 * 1024.0
     model.config.fp16 = False
-    assert strategy.backward(w * 2.0, sync=True) is False, "bf16 and fp32: the ordinary backward"
+    assert strategy.backward(w * 2.0, sync=True) is True
+    assert w.grad == 2.0 * 1024.0 + 2.0, "bf16 and fp32: the ordinary backward, unscaled"

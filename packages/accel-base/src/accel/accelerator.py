@@ -258,6 +258,7 @@ class Accelerator(AcceleratorCompatMixin):
         self._parameter_map = ParameterMap()
         self._paired_optimizers: dict[int, tuple[Any, ...]] = {}
         self._adapter_repointed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._in_prepare = False  # inside `prepare`: groups go to `Strategy.setup` at its end
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
@@ -494,6 +495,7 @@ class Accelerator(AcceleratorCompatMixin):
         # Models and data loaders first: optimizers must see the placed parameters, and
         # schedulers the prepared optimizers (whatever order the user passed them in).
         result: list[Any] = list(objects)
+        self._in_prepare = True
         try:
             for stage in range(3):
                 for i, obj in enumerate(objects):
@@ -501,10 +503,10 @@ class Accelerator(AcceleratorCompatMixin):
                         result[i] = self._prepare_one(obj, device_placement[i])
         finally:
             self._paired_optimizers = {}
+            self._in_prepare = False
         self.adapter.after_prepare(result, self._context(self.device_placement))
         for index in groups:
             self._setup_group(index, result)
-        self.strategy.after_prepare(result, self.prepared, self._run())
         steps = self.strategy.accumulation_steps()
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
             self.gradient_accumulation_steps = steps
@@ -578,13 +580,8 @@ class Accelerator(AcceleratorCompatMixin):
         # Onto the parameters that preparing its model created (placement, sharding), once, here.
         if optimizer not in self._adapter_repointed:
             self._parameter_map.repoint(optimizer)
-        optimizer = self.strategy.prepare_optimizer(optimizer, self._run())
-        from_strategy = optimizer
         optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
-        # Schedulers follow any replacement, except one made by a strategy that rebuilds its
-        # schedulers itself in `prepare_scheduler` (`Strategy.rebuilds_schedulers`).
-        strategy_followed = from_strategy is not original and not self.strategy.rebuilds_schedulers
-        if optimizer is not from_strategy or strategy_followed:
+        if optimizer is not original:  # schedulers follow the adapter's replacement (a fused optimizer)
             self._follow_replaced_optimizer(original, optimizer)
         wrapped = AcceleratedOptimizer(
             optimizer,
@@ -594,6 +591,8 @@ class Accelerator(AcceleratorCompatMixin):
             precision=self.precision,
         )
         self._optimizers.append(wrapped)
+        if not self._in_prepare:  # called on its own: the strategy's `setup` sees it as a group of one
+            self._setup_group(GroupIndex(optimizers=[0]), [wrapped])
         return wrapped
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
@@ -605,7 +604,6 @@ class Accelerator(AcceleratorCompatMixin):
         if replacement is not None and replacement[0]() is optimizer:
             follow_replaced_optimizer(scheduler, optimizer, replacement[1])
             optimizer = replacement[1]
-        scheduler = self.strategy.prepare_scheduler(scheduler, self.prepared, self._run())
         optimizers = [opt for opt in self._optimizers if opt.optimizer is optimizer or opt is optimizer] or [optimizer]
         wrapped = AcceleratedScheduler(
             scheduler,
@@ -615,6 +613,8 @@ class Accelerator(AcceleratorCompatMixin):
             num_data_shards=self._data_shards()[0],
         )
         self._schedulers.append(wrapped)
+        if not self._in_prepare:
+            self._setup_group(GroupIndex(schedulers=[0]), [wrapped])
         return wrapped
 
     def _setup_group(self, index: GroupIndex, result: list[Any]) -> None:
@@ -642,7 +642,8 @@ class Accelerator(AcceleratorCompatMixin):
         for wrapper, old, replacement in zip(opt_wrappers, group.optimizers, new.optimizers):
             if replacement is not old:
                 wrapper.optimizer = replacement
-                self._follow_replaced_optimizer(old, replacement)
+                if not self.strategy.rebuilds_schedulers:
+                    self._follow_replaced_optimizer(old, replacement)
 
     def _follow_replaced_optimizer(self, old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
         """Schedulers follow an optimizer the strategy or adapter replaced: those prepared already
@@ -703,7 +704,7 @@ class Accelerator(AcceleratorCompatMixin):
             loss = loss / self.gradient_state.num_steps
         loss = self.precision.scale_loss(loss)
         if not self.strategy.backward(loss, sync=self.gradient_state.sync_gradients, **kwargs):
-            self.adapter.backward(loss, **kwargs)
+            loss.backward(**kwargs)  # a version-1 strategy that leaves the plain backward to the core
         self.adapter.after_backward()
         if self._strategy_after_backward is not None:
             self._strategy_after_backward(self.gradient_state.sync_gradients)
@@ -720,7 +721,7 @@ class Accelerator(AcceleratorCompatMixin):
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip gradient synchronisation for `model` inside the block."""
-        with self.strategy.no_sync(model), self.adapter.no_sync(model):
+        with self.strategy.no_sync(model):
             yield
 
     @contextlib.contextmanager
@@ -736,7 +737,6 @@ class Accelerator(AcceleratorCompatMixin):
             if not allow:
                 for m in models:
                     stack.enter_context(self.strategy.no_sync(m))
-                    stack.enter_context(self.adapter.no_sync(m))
             yield
 
     @contextlib.contextmanager

@@ -44,8 +44,12 @@ From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1
   `repoints_paired_optimizers`, `has_own_optimizer_step`, `before_process_group`,
   `process_group_options`, `Capabilities.parallelism`, and the `PrepareContext` fields
   `adapter_defaults`, `precision` and `optimizers`.
-- Removed: `synchronize` and `memory_stats` (nothing called them; defining them is harmless), and the
-  `PrepareContext` fields `extras` and `ddp_output_device` (reading them raises AttributeError).
+- Removed: `synchronize` and `memory_stats` (nothing called them; defining them is harmless), the
+  `PrepareContext` fields `extras` and `ddp_output_device` (reading them raises AttributeError), and
+  `backward` and `no_sync`: the backward pass and pausing gradient synchronisation belong to the
+  strategy (`Strategy.backward`, `Strategy.no_sync`; data parallelism of the hardware's own is a
+  strategy of the adapter's package). An adapter class that defines either is refused by name
+  when adapters are discovered (`REMOVED_ADAPTER_HOOKS`), since the core would silently skip it.
   `PrepareContext` is frozen: assigning to a field raises `dataclasses.FrozenInstanceError`.
 - Changed behaviour: the core re-points optimizers at the parameters `prepare_model` replaced, and
   schedulers follow an optimizer `prepare_optimizer` replaced (version 1 left both to the adapter);
@@ -55,6 +59,13 @@ From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1
   `DistributedType.MULTI_CPU` unless `data_parallel_name` says otherwise; options given to an
   adapter without `options_class` or an `__init__` of its own raise `AdapterOptionsError`.
 """
+REMOVED_ADAPTER_HOOKS: Mapping[str, str] = {
+    "backward": "run the backward pass in a strategy of your package (`Strategy.backward`)",
+    "no_sync": "pause gradient synchronisation in a strategy of your package (`Strategy.no_sync`)",
+}
+"""Version-1 adapter hooks the core no longer calls, with what to do instead: an adapter class that
+defines one is refused by name (its behaviour would otherwise be skipped without a word)."""
+
 SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2})
 """Versions that load. A version-1 adapter runs on the version-2 core as it is unless it used a removed
 `PrepareContext` field, assigned to one, runs a strategy missing from its `capabilities.strategies`, or
@@ -396,16 +407,6 @@ class Adapter:
         return {}
 
     # ---- the step ---------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Run the backward pass of an already scaled loss, from `Accelerator.backward` when the
-        strategy does not run it itself. Base: `loss.backward(**kwargs)`."""
-        loss.backward(**kwargs)
-
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Entered with the strategy's `no_sync` (`Accelerator.no_sync`, `accumulate`): an adapter
-        that synchronises gradients itself skips it inside. Default: nothing to skip."""
-        return contextlib.nullcontext()
-
     def after_backward(self) -> None:
         """Runs after each backward (e.g. a lazy-mode step marker)."""
 

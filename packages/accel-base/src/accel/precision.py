@@ -105,6 +105,27 @@ class Precision:
         # Whether the adapter replaces the optimizer step (fp16 steps then go through it too).
         self.vendor_step = adapter is not None and adapter.has_own_optimizer_step()
 
+    MODES: tuple[str, ...] = ("no", "bf16", "fp16", "fp8")
+    """The mixed-precision modes a run can ask for (`Accelerator(mixed_precision=...)`)."""
+
+    @classmethod
+    def resolve(cls, requested: str | None, adapter: Any) -> str:
+        """The mode a run uses: `requested` (None: "no"), checked against `MODES` and the adapter.
+
+        Raises:
+            ValueError: an unknown mode, or one the adapter does not support (says which it does).
+        """
+        mode = (requested or "no").lower()
+        if mode not in cls.MODES:
+            raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {mode!r}.")
+        if not adapter.supports_precision(mode):
+            supported = sorted(adapter.capabilities.precisions)
+            raise ValueError(
+                f"The {adapter.name!r} adapter does not support mixed_precision={mode!r}; "
+                f"it supports {supported}. Pick one of those or install an adapter that supports {mode!r}."
+            )
+        return mode
+
     @classmethod
     def for_run(
         cls,

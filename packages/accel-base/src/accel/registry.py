@@ -14,10 +14,11 @@ import importlib.metadata
 import logging
 import os
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .adapter import ADAPTER_API_VERSION, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Availability
+from .adapter import ADAPTER_API_VERSION, REMOVED_ADAPTER_HOOKS, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Availability
 from .errors import AdapterNotFoundError, AdapterUnavailableError, StrategyNotFoundError
 
 ADAPTER_GROUP = "accel.adapters"
@@ -70,6 +71,13 @@ def adapter_records() -> dict[str, PluginRecord]:
                 distribution=rec.distribution,
                 error=f"{rec.value} is not a subclass of accel.adapter.Adapter",
             )
+        elif rec.ok and _removed_hooks(cls, Adapter, REMOVED_ADAPTER_HOOKS):
+            records[name] = PluginRecord(
+                name=name,
+                value=rec.value,
+                distribution=rec.distribution,
+                error=_removed_hooks(cls, Adapter, REMOVED_ADAPTER_HOOKS),
+            )
         elif rec.ok and cls.api_version not in SUPPORTED_ADAPTER_API_VERSIONS:
             records[name] = PluginRecord(
                 name=name,
@@ -91,10 +99,38 @@ def adapter_records() -> dict[str, PluginRecord]:
     return records
 
 
+def _removed_hooks(cls: type, base: type, removed: Mapping[str, str]) -> str:
+    """Why `cls` cannot load: the removed hooks it (or a class between it and `base`) defines; "" if none."""
+    found = [
+        name
+        for name in removed
+        if any(name in vars(k) for k in cls.__mro__ if k is not base and issubclass(k, base))
+        and not hasattr(base, name)
+    ]
+    if not found:
+        return ""
+    todo = "; ".join(f"`{name}`: {removed[name]}" for name in found)
+    return (
+        f"{cls.__module__}.{cls.__qualname__} defines {', '.join(found)}, which this accel-base no longer calls "
+        f"(docs/adapters.md, 'Versions of the contract'). Move it: {todo}"
+    )
+
+
 @functools.cache
 def strategy_records() -> dict[str, PluginRecord]:
-    """Every entry point in `accel.strategies`."""
+    """Every entry point in `accel.strategies`; a strategy class that defines a hook the core no longer
+    calls (`REMOVED_STRATEGY_HOOKS`) is recorded with that error instead of loading."""
     records = _load_group(STRATEGY_GROUP)
+    from .strategies.base import REMOVED_STRATEGY_HOOKS, Strategy
+
+    for name, rec in list(records.items()):
+        why = (
+            _removed_hooks(rec.loaded, Strategy, REMOVED_STRATEGY_HOOKS)
+            if rec.ok and isinstance(rec.loaded, type)
+            else ""
+        )
+        if why:
+            records[name] = PluginRecord(name=name, value=rec.value, distribution=rec.distribution, error=why)
     if "ddp" not in records or not records["ddp"].ok:
         from .strategies.ddp import DDPStrategy
 

@@ -29,6 +29,7 @@ from .distributed_type import DistributedType
 from .errors import DistributedSetupError
 from .kwargs import InitProcessGroupKwargs
 from .launch_env import LaunchInfo, read_launch_env
+from .precision import Precision
 from .registry import select_adapter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -518,16 +519,10 @@ class AcceleratorState:
         self._partial = PartialState(
             cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs, adapter_options=adapter_options
         )
-        precision = (mixed_precision or os.environ.get("ACCEL_MIXED_PRECISION") or "no").lower()
-        if precision not in ("no", "bf16", "fp16", "fp8"):
-            raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {precision!r}.")
-        if not self._partial.adapter.supports_precision(precision):
-            supported = sorted(self._partial.adapter.capabilities.precisions)
-            raise ValueError(
-                f"The {self._partial.adapter.name!r} adapter does not support mixed_precision={precision!r}; "
-                f"it supports {supported}. Pick one of those or install an adapter that supports {precision!r}."
-            )
-        self._mixed_precision: str = precision
+        self._mixed_precision: str = Precision.resolve(
+            mixed_precision or os.environ.get("ACCEL_MIXED_PRECISION"),
+            self._partial.adapter,
+        )
         chosen = self._partial.adapter
         name = strategy or os.environ.get("ACCEL_STRATEGY") or chosen.default_strategy()
         self.strategy_name = chosen.strategy_aliases.get(name, name)

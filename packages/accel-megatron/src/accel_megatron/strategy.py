@@ -28,6 +28,7 @@ MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple mod
 if TYPE_CHECKING:
     from accel.distributed_type import DistributedType
     from accel.prepare import PrepareContext
+    from accel.prepare_group import PrepareGroup
     from accel.prepared import Prepared, RunContext
 
 
@@ -35,7 +36,7 @@ class MegatronStrategy(Strategy):
     """Megatron-core parallelism, configured by a `MegatronPlugin`."""
 
     name: ClassVar[str] = "megatron"
-    rebuilds_schedulers: ClassVar[bool] = True  # megatron-core's OptimizerParamScheduler, in prepare_scheduler
+    rebuilds_schedulers: ClassVar[bool] = True  # megatron-core's OptimizerParamScheduler, built in setup
 
     def __init__(self, config: Any = None) -> None:
         if config is None:
@@ -50,6 +51,8 @@ class MegatronStrategy(Strategy):
         self.models: list[nn.Module] = []
         """Every DDP-wrapped model chunk (one per prepared model, or one per virtual pipeline stage)."""
         self._prepared_models = 0
+        # The megatron-core optimizer built for each user optimizer (by id), for schedulers prepared later.
+        self._built: dict[int, Any] = {}
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed_type import DistributedType
@@ -125,7 +128,19 @@ class MegatronStrategy(Strategy):
             return model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
+    def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
+        """megatron-core's optimizer over the DDP-wrapped model's gradient buffers, and the user's torch
+        schedulers rebuilt as its `OptimizerParamScheduler` (same schedule) over that optimizer.
+
+        A group holds a model with its optimizers and schedulers, or optimizers or schedulers prepared
+        in a later call than their model (or optimizer): those find it among what is prepared already.
+        """
+        optimizers = [self._optimizer(opt, ctx) for opt in group.optimizers]
+        owners = {id(old): new for old, new in zip(group.optimizers, optimizers)}
+        schedulers = [self._scheduler(sched, owners, prepared) for sched in group.schedulers]
+        return group.replace(optimizers=optimizers, schedulers=schedulers)
+
+    def _optimizer(self, optimizer: Any, ctx: RunContext) -> Any:
         if isinstance(optimizer, MegatronOptimizer):
             return optimizer
         if not self.models:
@@ -133,25 +148,32 @@ class MegatronStrategy(Strategy):
                 "Prepare the megatron-core model before (or together with) its optimizer: megatron-core's "
                 "optimizer is built over the DDP-wrapped model's gradient buffers."
             )
-        return build_optimizer(optimizer, self.models, self.plugin, self.redirect, ctx.mixed_precision)
+        built = build_optimizer(optimizer, self.models, self.plugin, self.redirect, ctx.mixed_precision)
+        self._built[id(optimizer)] = built
+        return built
+
+    def _scheduler(self, scheduler: Any, owners: dict[int, Any], prepared: Prepared) -> Any:
+        if isinstance(scheduler, MegatronScheduler):
+            return scheduler
+        base = getattr(scheduler, "optimizer", None)
+        owner = owners.get(id(base)) or self._built.get(id(base))
+        if owner is None:
+            owner = next(
+                (o.optimizer for o in prepared.optimizers if isinstance(o.optimizer, MegatronOptimizer)),
+                None,
+            )
+        if owner is None:
+            raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
+        return MegatronScheduler(build_scheduler(scheduler, owner), owner)
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
         configs: list[Any] = [getattr(m, "config", None) for m in self.models]
         scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
         if scaler is None:
-            return False
+            return super().backward(loss, sync=sync, **kwargs)
         scaler(loss).backward(**kwargs)
         return True
-
-    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
-        """The user's torch scheduler as megatron-core's `OptimizerParamScheduler` (same schedule)."""
-        if isinstance(scheduler, MegatronScheduler):
-            return scheduler
-        owner = next((o.optimizer for o in prepared.optimizers if isinstance(o.optimizer, MegatronOptimizer)), None)
-        if owner is None:
-            raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
-        return MegatronScheduler(build_scheduler(scheduler, owner), owner)
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         raise MegatronConfigError(

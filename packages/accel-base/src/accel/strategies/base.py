@@ -9,29 +9,31 @@ adapter runs only the strategies in its `Capabilities.strategies`. docs/adapters
 ("The strategy contract") documents every hook; the prepare walk (one `Accelerator.prepare`
 call; see docs/architecture.md) calls them in this order:
 
-1. `validate_prepare(objects, ctx)` refuses combinations before anything is touched; the core
-   pairs each model with its optimizers and schedulers by parameter identity
-   (`accel.prepare_group`), then calls the adapter's `before_prepare`.
+1. `validate_prepare(objects, ctx)` refuses combinations before anything is touched (and may set
+   up what the rest needs, e.g. Megatron's parallel state); the core pairs each model with its
+   optimizers and schedulers by parameter identity (`accel.prepare_group`), then calls the
+   adapter's `before_prepare`.
 2. Models and data loaders, then optimizers, then schedulers, whatever the order given:
    - a model goes through the adapter's `prepare_model` (placement, precision, then
      `wrap_model(model, prepare_ctx)` unless in evaluation mode, then compilation); the core
      records every parameter that replaced another and re-points optimizers at the new ones,
      once, for every strategy and adapter;
-   - an optimizer, already re-pointed, goes through `prepare_optimizer(optimizer, ctx)` and
-     then the adapter's `prepare_optimizer`; schedulers built on it follow a replacement
-     made by either (except a strategy's when it `rebuilds_schedulers`);
-   - a scheduler goes through `prepare_scheduler(scheduler, prepared, ctx)`.
+   - an optimizer, already re-pointed, goes through the adapter's `prepare_optimizer` and is
+     wrapped (`AcceleratedOptimizer`); schedulers built on it follow a replacement;
+   - a scheduler is wrapped (`AcceleratedScheduler`), following a replaced optimizer.
 3. The adapter's `after_prepare`.
-4. `setup(group, prepared, ctx)` once per group: the one place where an engine takes a model
-   with its optimizers and schedulers (DeepSpeed's `initialize`); what it returns replaced is
-   put in place by the core, and schedulers follow a replaced optimizer.
-5. `after_prepare(objects, prepared, ctx)` (version-1 hook; new strategies use `setup`), then
-   `accumulation_steps()`.
+4. `setup(group, prepared, ctx)` once per group: the one place where a strategy takes a model
+   with its optimizers and schedulers (DeepSpeed's `initialize`, megatron-core's optimizer and
+   scheduler); what it returns replaced is put in place by the core, and schedulers follow a
+   replaced optimizer unless the strategy `rebuilds_schedulers`. `Accelerator.prepare_optimizer`
+   and `prepare_scheduler` called on their own run `setup` with a group of that one object.
+5. `accumulation_steps()`.
 
-`setup` is the entry new strategies implement. `validate_prepare`, `wrap_model`,
-`prepare_optimizer`, `prepare_scheduler` and `after_prepare` remain for the strategies written
-before it (DDP, FSDP2, Megatron-LM, the adapters' data parallelism); `wrap_model` is still the
-hook for a wrapper that must be in place before compilation.
+So a strategy has two prepare hooks: `wrap_model` for what must wrap each model before
+compilation (DDP, `fully_shard`), and `setup` for everything that pairs a model with its
+optimizers and schedulers. Version-1 strategies' `prepare_optimizer`, `prepare_scheduler` and
+`after_prepare` are no longer called: a strategy class that defines one is refused by name when
+strategies are discovered, with a message saying to move it into `setup`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ if TYPE_CHECKING:
     from ..prepare import PrepareContext
     from ..prepare_group import PrepareGroup
     from ..prepared import Prepared, RunContext
+
+
+REMOVED_STRATEGY_HOOKS: dict[str, str] = {
+    "prepare_optimizer": "return the replaced optimizers from `setup(group, prepared, ctx)`",
+    "prepare_scheduler": "return the replaced schedulers from `setup(group, prepared, ctx)`",
+    "after_prepare": "do it in `setup(group, prepared, ctx)`, which runs once per model and its optimizers",
+}
+"""Version-1 strategy hooks the core no longer calls, with what to do instead: a strategy class that
+defines one is refused by name when strategies are discovered (`accel.registry.strategy_records`)."""
 
 
 class Strategy:
@@ -130,32 +141,15 @@ class Strategy:
         """
         return group
 
-    def after_prepare(self, objects: list[Any], prepared: Prepared, ctx: RunContext) -> None:
-        """Runs after every object of one `prepare` call is prepared (`objects`, in the caller's order).
-
-        Version-1 hook kept for strategies written before `setup`; new strategies use `setup`.
-        """
-
     def accumulation_steps(self) -> int | None:
         """Gradient accumulation steps the strategy's engine fixed (read at the end of every `prepare` call,
-        after `after_prepare`); None: the user's setting stands."""
+        after `setup`); None: the user's setting stands."""
         return None
 
     rebuilds_schedulers: ClassVar[bool] = False
-    """True for a strategy whose `prepare_scheduler` builds its own scheduler over the optimizer it
-    returned from `prepare_optimizer`; otherwise the core points the user's schedulers at it."""
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
-        """Return the optimizer to train with (called for each optimizer, after the core re-pointed it at
-        the model's current parameters and before the adapter's `prepare_optimizer`). A new one is fine:
-        schedulers built on the original, before or after `prepare`, follow it (unless
-        `rebuilds_schedulers`). Version-1 hook: a strategy that needs the model too uses `setup`."""
-        return optimizer
-
-    def prepare_scheduler(self, scheduler: Any, prepared: Prepared, ctx: RunContext) -> Any:
-        """Hook for schedulers the strategy's engine steps itself (called for each scheduler, already
-        following a replaced optimizer, before it is wrapped). Default: unchanged."""
-        return scheduler
+    """True for a strategy whose `setup` builds its own schedulers over the optimizers it replaced
+    (also for schedulers prepared in a later call, which `setup` then receives alone); otherwise the
+    core points the user's schedulers at a replaced optimizer."""
 
     def after_backward(self, sync: bool) -> None:
         """Runs after every `Accelerator.backward`; `sync` says whether this backward closes an
@@ -163,8 +157,11 @@ class Strategy:
         gradients themselves instead of through a wrapper's hooks; the default does nothing."""
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
-        """Run backward through the strategy's engine; return False to let the adapter do it."""
-        return False
+        """Run the backward pass of the (already scaled) loss; `sync` says whether this backward closes an
+        accumulation window. Default: `loss.backward(**kwargs)`. Returns True; a strategy written for
+        version 1 of the contract may return False, and the core then runs `loss.backward(**kwargs)`."""
+        loss.backward(**kwargs)
+        return True
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         """Clip gradients the strategy's way; None lets the adapter do it."""

@@ -375,7 +375,7 @@ class DeepSpeedStrategy(Strategy):
     # ---- the step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         if self.engine is None:
-            return False
+            return super().backward(loss, sync=sync, **kwargs)
         self.engine.set_gradient_accumulation_boundary(sync)
         self.engine.backward(loss, **kwargs)
         # The engine steps (and zeroes) only at the boundary; between, it counts micro-steps.
