@@ -449,6 +449,7 @@ class Accelerator(AcceleratorCompatMixin):
             use_distributed=self.use_distributed,
             num_processes=self.num_processes,
             process_index=self.process_index,
+            backend=self.adapter.backend,
             ddp_kwargs=self.ddp_handler,
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,

@@ -27,6 +27,8 @@ class PrepareContext:
     use_distributed: bool = False
     num_processes: int = 1
     process_index: int = 0
+    backend: str = ""
+    """The adapter's `torch.distributed` backend (for a strategy that starts groups of its own)."""
     ddp_kwargs: DistributedDataParallelKwargs | None = None
     ddp_device_ids: list[int] | None = None
     dynamo_plugin: TorchDynamoPlugin | None = None

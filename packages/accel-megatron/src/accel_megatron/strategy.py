@@ -60,11 +60,9 @@ class MegatronStrategy(Strategy):
         return DistributedType.MEGATRON_LM
 
     # ---- setup ---------------------------------------------------------------------------
-    def _ensure_initialized(self, device: torch.device) -> None:
+    def _ensure_initialized(self, device: torch.device, backend: str) -> None:
         if self.device is None:
-            from accel.state import AcceleratorState
-
-            parallel.initialize(self.plugin, device, AcceleratorState().adapter.backend)
+            parallel.initialize(self.plugin, device, backend)
             self.device = device
 
     def redirect(self) -> contextlib.AbstractContextManager[Any]:
@@ -82,7 +80,7 @@ class MegatronStrategy(Strategy):
         if len(models) + self._prepared_models > 1:
             raise AssertionError(MULTIPLE_MODELS)
         # Parallel state first, whatever the argument order: data loaders need the DP group.
-        self._ensure_initialized(ctx.device)
+        self._ensure_initialized(ctx.device, ctx.adapter.backend)
 
     def data_parallel_group(self) -> Any:
         if self.device is None:
@@ -92,7 +90,7 @@ class MegatronStrategy(Strategy):
         return parallel_state.get_data_parallel_group()
 
     def wrap_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
-        self._ensure_initialized(ctx.device)
+        self._ensure_initialized(ctx.device, ctx.backend)
         if isinstance(model, parallel.ModelProvider):
             stages = model.build()
             if ctx.device_placement:

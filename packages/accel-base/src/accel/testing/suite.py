@@ -282,7 +282,6 @@ class AdapterConformanceSuite:
         "strategy_defaults",
         "default_strategy",
         "strategy_aliases",
-        "backward",
         "after_backward",
         "optimizer_step",
         "after_optimizer_step",
@@ -294,7 +293,7 @@ class AdapterConformanceSuite:
             _close(problems.as_tensor(r["params"]), reference)
             assert r["params"] == ranks[0]["params"], "replicas must hold identical weights"
 
-    @kit_checks("accumulation", "backward", "no_sync", "optimizer_step")
+    @kit_checks("accumulation", "after_backward", "optimizer_step")
     def test_gradient_accumulation_equals_big_batch(self, kit: KitRun) -> None:
         ranks = kit.get("accumulation")
         reference = problems.reference_sgd(TRAIN_STEPS, kit.world)
@@ -302,7 +301,7 @@ class AdapterConformanceSuite:
             assert r["sync_gradients"] == [False, True] * TRAIN_STEPS
             _close(problems.as_tensor(r["params"]), reference)
 
-    @kit_checks("no_sync", "no_sync")
+    @kit_checks("no_sync", "default_strategy", "strategy_aliases")
     def test_no_sync_keeps_local_gradients(self, kit: KitRun) -> None:
         ranks = kit.get("no_sync")
         local, synced = problems.local_grads(kit.world), problems.global_grad(kit.world)
