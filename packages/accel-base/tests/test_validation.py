@@ -163,3 +163,32 @@ def test_optimizer_sharing_parameters_does_not_warn(case: str) -> None:
     else:  # no model prepared in this Accelerator: nothing to compare with
         objects = (torch.optim.SGD(model.parameters(), lr=0.1),)
     assert _prepare_warnings(accelerator, *objects) == []
+
+
+def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps_the_models_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A vendor that optimizes a model with its optimizer may keep the optimizer's tensors (as fp32
+    masters) and give the model new ones (a low-precision, re-laid-out copy), re-pointing nothing:
+    the optimizer still trains that model, so the check must not say it trains nothing."""
+    from accel.adapters.cpu import CPUAdapter
+
+    def swap_the_models_tensors(self: CPUAdapter, model: torch.nn.Module, ctx: object) -> torch.nn.Module:
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    module._parameters[name] = torch.nn.Parameter(param.detach().clone())
+        return model
+
+    monkeypatch.setattr(CPUAdapter, "prepare_model", swap_the_models_tensors)
+    monkeypatch.setattr(CPUAdapter, "repoints_paired_optimizers", True)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _prepare_warnings(accelerator, model, optimizer) == []
+    # Not vacuous: the model's tensors are new and the optimizer still holds the old ones ...
+    assert not {id(p) for p in model.parameters()} & {id(p) for g in optimizer.param_groups for p in g["params"]}
+    # ... and a stray optimizer in the same call is still reported.
+    other = torch.nn.Linear(2, 2)
+    stray = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    assert len(_prepare_warnings(Accelerator(cpu=True), other, torch.optim.SGD(other.parameters(), lr=0.1), stray)) == 1

@@ -115,9 +115,13 @@ def test_bf16_autocast_on_xla_and_fp16_refused() -> None:
     a = torch.randn(4, 4, device=acc.device)
     with acc.autocast():
         assert (a @ a).dtype == torch.bfloat16
-    net, opt, dl = acc.prepare(model(), torch.optim.SGD(model().parameters(), lr=0.05), loader())
+    net = model()
+    before = [w.detach().clone() for w in net.parameters()]
+    net, opt, dl = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), loader())
     train(acc, net, opt, dl)
-    assert all(torch.isfinite(w).all() for w in cpu_weights(net))
+    after = cpu_weights(net)
+    assert all(torch.isfinite(w).all() for w in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before)), "bf16 training moved no weight"
 
     from accel.state import AcceleratorState
 

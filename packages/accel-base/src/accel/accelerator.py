@@ -512,9 +512,17 @@ class Accelerator(AcceleratorCompatMixin):
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
             self.gradient_accumulation_steps = steps
         # Checked once everything is placed and re-pointed (an adapter that moves parameters, FSDP2's
-        # shards), on the optimizers this call wrapped as they were given.
+        # shards), on the optimizers this call wrapped as they were given, except those paired with a
+        # model of this call by parameter identity: they train it by construction, whatever the
+        # adapter's preparing then made of the two (a vendor may keep the optimizer's tensors as
+        # masters and give the model new ones).
+        paired = {i for index in groups if index.model is not None for i in index.optimizers}
         _warn_detached_optimizers(
-            [res.optimizer for obj, res in zip(args, result) if getattr(res, "optimizer", None) is obj],
+            [
+                res.optimizer
+                for i, (obj, res) in enumerate(zip(args, result))
+                if i not in paired and getattr(res, "optimizer", None) is obj
+            ],
             self._models,
         )
         for obj in result:
