@@ -56,6 +56,7 @@ from .registry import get_strategy_class
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 from .state import AcceleratorState, DistributedType, GradientState
 from .strategies.base import Strategy
+from .strategies.deepspeed_config import DeepSpeedPlugin
 from .trackers import TrackerHub
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
@@ -93,8 +94,9 @@ class Accelerator(AcceleratorCompatMixin):
             device mesh, composed on FSDP2; docs/parallelism.md).
         torch_tp_plugin: deprecated in Accelerate: run as `ParallelismConfig(tp_size=plugin.tp_size)`, with
             Accelerate's FutureWarning.
-        deepspeed_plugins: `{name: plugin}` with one plugin, used as `deepspeed_plugin` (accel runs one DeepSpeed
-            plugin per Accelerator: several raise `AccelerateFeatureError`).
+        deepspeed_plugins: `{name: DeepSpeedPlugin}`: one DeepSpeed engine per plugin (e.g. an RLHF actor and
+            its frozen reference model). The first is active; `accelerator.state.select_deepspeed_plugin(name)`
+            picks the one the next prepared model is built with (docs/deepspeed.md).
 
     Raises:
         ValueError: unknown precision, a precision the adapter lacks, or a kwargs handler
@@ -132,7 +134,7 @@ class Accelerator(AcceleratorCompatMixin):
         strategy_config: Any = None,
         even_batches: bool | None = None,
     ) -> None:
-        deepspeed_plugin, deepspeed_plugin_name = _one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        deepspeed_plugin = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins)
         parallelism_config = _tp_plugin_as_parallelism(torch_tp_plugin, parallelism_config)
         # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
@@ -155,8 +157,7 @@ class Accelerator(AcceleratorCompatMixin):
                 }
             ).values()
         )
-        deepspeed_plugin, fsdp_plugin, megatron_lm_plugin = (
-            convert(deepspeed_plugin, "deepspeed_plugin"),
+        fsdp_plugin, megatron_lm_plugin = (
             convert(fsdp_plugin, "fsdp_plugin"),
             convert(megatron_lm_plugin, "megatron_lm_plugin"),
         )
@@ -220,7 +221,6 @@ class Accelerator(AcceleratorCompatMixin):
             use_distributed
         ) or self.adapter.data_parallel_type(use_distributed)
         self.state._strategy = self.strategy  # AcceleratorState.deepspeed_plugin / fsdp_plugin read its plugin
-        self.state._deepspeed_plugin_name = deepspeed_plugin_name  # AcceleratorState.deepspeed_plugins
         self.state._torch_tp_plugin = torch_tp_plugin
 
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
@@ -305,6 +305,7 @@ class Accelerator(AcceleratorCompatMixin):
             adapter=self.adapter,
             strategy=self.strategy,
             adapter_defaults=self._adapter_defaults,
+            dynamo_plugin=self.state.dynamo_plugin,
         )
 
     @property
@@ -1132,23 +1133,27 @@ def _accumulation_steps(steps: Any) -> int:
     return value
 
 
-def _one_deepspeed_plugin(plugin: Any, plugins: Any) -> tuple[Any, str | None]:
-    """The DeepSpeed plugin of `deepspeed_plugin=` / `deepspeed_plugins=`, and its name when given in a dict."""
-    if plugins is None:
-        return plugin, None
-    if plugin is not None:
+def _deepspeed_plugins(plugin: Any, plugins: Any) -> Any:
+    """The DeepSpeed strategy's config from `deepspeed_plugin=` / `deepspeed_plugins=`: one plugin, or a
+    `{name: plugin}` dict (Accelerate's plugins converted to accel's).
+
+    Raises:
+        ValueError: both arguments given, or an empty dict (Accelerate's first message).
+        TypeError: a dict value that is not a DeepSpeedPlugin (Accelerate's message).
+    """
+    if plugins is not None and plugin is not None:
         raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
-    if not isinstance(plugins, Mapping):
-        return plugins, None  # Accelerate also takes a single plugin here
-    if len(plugins) != 1:
-        raise AccelerateFeatureError(
-            f"Accelerator(deepspeed_plugins=...) got {len(plugins)} DeepSpeed plugins ({sorted(map(str, plugins))}): "
-            "several DeepSpeed plugins in one Accelerator (several DeepSpeed models, e.g. an RLHF actor and "
-            "reference model, switched with `select_deepspeed_plugin`) are not supported by accel, which runs one "
-            "DeepSpeed plugin per Accelerator today. Pass one: `Accelerator(deepspeed_plugin=plugin)`."
+    given = plugins if plugins is not None else plugin
+    if not isinstance(given, Mapping):
+        return convert(given, "deepspeed_plugin")
+    if not given:
+        raise ValueError(
+            "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
         )
-    ((name, only),) = plugins.items()
-    return only, str(name)
+    converted = {str(name): convert(p, f"deepspeed_plugins[{name!r}]") for name, p in given.items()}
+    if not all(isinstance(p, DeepSpeedPlugin) for p in converted.values()):
+        raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
+    return converted
 
 
 def _tp_plugin_as_parallelism(plugin: Any, parallelism_config: Any) -> Any:

@@ -20,6 +20,7 @@ from .options import GaudiOptions
 from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
+    from accel.kwargs import TorchDynamoPlugin
     from accel.prepare import PrepareContext
 
 
@@ -170,18 +171,18 @@ class GaudiAdapter(Adapter):
                 f"{sorted(stray)}, not on {ctx.device}. Call `model.to(accelerator.device)` before `prepare`."
             )
 
-    def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        if self.config.use_regional_compilation:
-            plugin = ctx.dynamo_plugin
-            backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
-            if plugin is None:
-                from accel.kwargs import TorchDynamoPlugin
+    def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
+        """`use_regional_compilation` implies compilation (the adapter's backend unless the user chose one),
+        one repeated block at a time; otherwise the user's settings as they are. DeepSpeed's engine is
+        compiled with the same settings (`engine.compile`, after `deepspeed.initialize`)."""
+        if not self.config.use_regional_compilation:
+            return plugin
+        backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
+        if plugin is None:
+            from accel.kwargs import TorchDynamoPlugin
 
-                plugin = TorchDynamoPlugin(backend=backend)
-            ctx = dataclasses.replace(
-                ctx, dynamo_plugin=dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
-            )
-        return super().compile_model(model, ctx)
+            plugin = TorchDynamoPlugin(backend=backend)
+        return dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
 
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
