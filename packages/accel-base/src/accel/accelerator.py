@@ -437,11 +437,16 @@ class Accelerator(AcceleratorCompatMixin):
 
     # ---- prepare --------------------------------------------------------------------------
     def _context(
-        self, device_placement: bool, evaluation_mode: bool = False, optimizers: tuple[Any, ...] = ()
+        self,
+        device_placement: bool,
+        evaluation_mode: bool = False,
+        optimizers: tuple[Any, ...] = (),
+        device_placement_requested: bool = False,
     ) -> PrepareContext:
         return PrepareContext(
             device=self.device,
             device_placement=device_placement,
+            device_placement_requested=device_placement_requested,
             evaluation_mode=evaluation_mode,
             mixed_precision=self.mixed_precision,
             autocast_kwargs=_autocast_kwargs(self.autocast_handler),
@@ -468,14 +473,18 @@ class Accelerator(AcceleratorCompatMixin):
             ValueError: `device_placement` is not one flag per object; a model loaded with a
                 multi-device `device_map` in distributed mode; the strategy's own rules.
         """
+        placements: list[bool | None]
         if device_placement is None:
-            device_placement = [self.device_placement] * len(args)
+            # None per object: each prepare_* takes the Accelerator's default, and adapters can tell it
+            # from an explicit request (`PrepareContext.device_placement_requested`).
+            placements = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(
                 f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
             )
         else:
             self.strategy.validate_device_placement(device_placement)
+            placements = list(device_placement)
         self.strategy.validate_prepare(args, self._run())
         objects = list(args)
         # Paired by parameter identity before preparing changes any parameter.
@@ -499,7 +508,7 @@ class Accelerator(AcceleratorCompatMixin):
             for stage in range(3):
                 for i, obj in enumerate(objects):
                     if _prepare_stage(obj) == stage:
-                        result[i] = self._prepare_one(obj, device_placement[i])
+                        result[i] = self._prepare_one(obj, placements[i])
         finally:
             self._paired_optimizers = {}
         self.adapter.after_prepare(result, self._context(self.device_placement))
@@ -520,7 +529,7 @@ class Accelerator(AcceleratorCompatMixin):
                 obj._is_accel_prepared = True
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
         if getattr(obj, "_is_accel_prepared", False):
             return obj
         if isinstance(obj, torch.nn.Module):
@@ -546,6 +555,7 @@ class Accelerator(AcceleratorCompatMixin):
             ValueError: for quantized (8-bit/4-bit) or `device_map` models Accelerate
                 also refuses, with the same messages.
         """
+        requested = device_placement is not None
         if device_placement is None:
             device_placement = self.device_placement
         device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
@@ -554,7 +564,9 @@ class Accelerator(AcceleratorCompatMixin):
             device_placement = not any(p.is_meta for p in model.parameters())
         before = ParameterMap.snapshot(model)
         paired = self._paired_optimizers.get(id(model), ())
-        prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode, paired))
+        prepared = self.adapter.prepare_model(
+            model, self._context(device_placement, evaluation_mode, paired, device_placement_requested=requested)
+        )
         if self.adapter.repoints_paired_optimizers:
             self._adapter_repointed.update(paired)
         if self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False)):

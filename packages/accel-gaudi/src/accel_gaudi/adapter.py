@@ -103,15 +103,19 @@ class GaudiAdapter(Adapter):
 
     # ---- prepare --------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Placement (not in multi-HPU training), precision, the strategy (not in evaluation
-        mode), then compilation.
+        """Placement, precision, the strategy (not in evaluation mode), then compilation.
+
+        Placement follows Gaudi's own rule: by default a model is not moved in multi-HPU training
+        (the script places it), but a placement asked for in the call
+        (`prepare(..., device_placement=[True, ...])`, `prepare_model(model, device_placement=True)`)
+        is honoured there too; `Accelerator(device_placement=...)` is the default, not a request.
 
         Raises:
             ValueError: a multi-HPU DDP/fast_ddp model whose parameters are not on the HPU
                 yet, or `fast_ddp` asked for under another strategy.
         """
         training_distributed = ctx.use_distributed and not ctx.evaluation_mode
-        if ctx.device_placement and not training_distributed:
+        if ctx.device_placement and (ctx.device_placement_requested or not training_distributed):
             model = self.place_model(model, ctx)
         model = self.apply_precision(model, ctx)
         if not ctx.evaluation_mode:
@@ -186,6 +190,10 @@ class GaudiAdapter(Adapter):
 
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
+
+    def compiled_autograd(self) -> bool:
+        """The `compiled_autograd_enabled` option: DeepSpeed's `engine.compile` also compiles the backward."""
+        return bool(self.config.compiled_autograd_enabled)
 
     # ---- the step -------------------------------------------------------------------------
     def after_backward(self) -> None:
