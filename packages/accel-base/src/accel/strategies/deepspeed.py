@@ -17,15 +17,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..errors import AccelError, CheckpointError, UnsafeCheckpointError
+from ..errors import CheckpointError
 from .base import Strategy
+from .deepspeed_checkpoint import ENGINE_CHECKPOINT_GLOBALS, verify_engine_checkpoint
 from .deepspeed_config import (
     AcceleratorValues,
     DeepSpeedConfigError,
@@ -36,6 +35,8 @@ from .deepspeed_config import (
     offloads_to_cpu_optimizer,
     resolve_config,
 )
+from .deepspeed_optim import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, map_pytorch_optim_to_deepspeed
+from .deepspeed_plugins import DEFAULT_PLUGIN, EngineRecord, UnknownDeepSpeedPluginError, plugins_from_config
 
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
@@ -44,30 +45,24 @@ if TYPE_CHECKING:
     from ..prepared import Prepared, RunContext
 
 __all__ = [
+    "DEFAULT_PLUGIN",
+    "ENGINE_CHECKPOINT_GLOBALS",
     "DeepSpeedConfigError",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
+    "DeepSpeedSchedulerWrapper",
     "DeepSpeedStrategy",
     "DummyOptim",
     "DummyScheduler",
+    "EngineRecord",
+    "UnknownDeepSpeedPluginError",
     "map_pytorch_optim_to_deepspeed",
+    "verify_engine_checkpoint",
 ]
 
 MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple models when using DeepSpeed"
 DEVICE_PLACEMENT = "You can't customize device placements with DeepSpeed or Megatron-LM."
 CHECKPOINT_TAG = "pytorch_model"
-DEFAULT_PLUGIN = "default"
-"""The name of a DeepSpeed plugin given alone (`deepspeed_plugin=plugin`)."""
-# Plain-data classes DeepSpeed pickles into its checkpoints (measured with 0.19.8, ZeRO 0-3,
-# fp32 and bf16). Anything else in a file is refused before DeepSpeed's own loader, which
-# unpickles without restriction, ever opens it.
-ENGINE_CHECKPOINT_GLOBALS = frozenset(
-    {
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-        "deepspeed.runtime.zero.config.ZeroStageEnum",
-        "deepspeed.utils.tensor_fragment.fragment_address",
-    }
-)
 
 
 def import_deepspeed(device_type: str) -> Any:
@@ -98,112 +93,6 @@ def import_deepspeed(device_type: str) -> Any:
             f"Set DS_ACCELERATOR={device_type} (or leave it unset) before DeepSpeed is imported."
         )
     return deepspeed
-
-
-def _is_32bit_bnb(optimizer: Any, names: tuple[str, ...]) -> bool:
-    """A bitsandbytes optimizer of one of the class `names` running 32-bit states (Accelerate maps those too)."""
-    cls = type(optimizer)
-    if not cls.__module__.startswith("bitsandbytes") or cls.__name__ not in names:
-        return False
-    bits = getattr(optimizer, "optim_bits", None)
-    if bits is None:
-        bits = getattr(getattr(optimizer, "args", None), "optim_bits", None)
-    return bits == 32
-
-
-def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """DeepSpeed's CPU optimizer in place of a torch one, for optimizer offload (Accelerate's rule).
-
-    Built over the same parameter groups (so per-group `lr`, `betas`, `eps`, `weight_decay`
-    carry over), with the optimizer's default `lr` and `weight_decay`:
-
-    - `torch.optim.Adagrad` (or a 32-bit bitsandbytes Adagrad) becomes `DeepSpeedCPUAdagrad`;
-    - a 32-bit bitsandbytes Lion becomes `DeepSpeedCPULion`;
-    - every other optimizer becomes `DeepSpeedCPUAdam`, with decoupled weight decay
-      (`adamw_mode=True`) for `torch.optim.AdamW` (or a 32-bit bitsandbytes AdamW) and L2
-      weight decay (`adamw_mode=False`) otherwise. As in Accelerate, that includes SGD and
-      other non-Adam optimizers: the update rule changes (a warning says so).
-    """
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
-    if isinstance(optimizer, torch.optim.Adagrad) or _is_32bit_bnb(optimizer, ("Adagrad", "Adagrad32bit")):
-        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-
-        # Accelerate 1.15 also passes `adamw_mode` here, which DeepSpeedCPUAdagrad (0.19) does not accept.
-        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
-    if _is_32bit_bnb(optimizer, ("Lion", "Lion32bit")):
-        from deepspeed.ops.lion import DeepSpeedCPULion
-
-        return DeepSpeedCPULion(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    adamw = isinstance(optimizer, torch.optim.AdamW) or _is_32bit_bnb(optimizer, ("AdamW", "AdamW32bit"))
-    if not adamw and not isinstance(optimizer, torch.optim.Adam):
-        logging.getLogger("accel").warning(
-            "Optimizer offload under DeepSpeed replaces %s with DeepSpeedCPUAdam (Adam with L2 weight decay), as "
-            "Accelerate does: the update rule changes. Set the DeepSpeed config's `zero_force_ds_cpu_optimizer` "
-            "to false to keep your optimizer.",
-            type(optimizer).__name__,
-        )
-    return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=adamw, **defaults)  # type: ignore[no-any-return]
-
-
-class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
-    """The optimizer inside the prepared one: a view on the engine's optimizer.
-
-    `step` and `zero_grad` do nothing because `Accelerator.backward` already ran the
-    engine's step, which steps and zeroes at each accumulation boundary.
-    """
-
-    def __init__(self, optimizer: Any) -> None:
-        # No super().__init__: a view, sharing the real optimizer's groups and state.
-        self.optimizer = optimizer
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return getattr(self.optimizer, "state", {})
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups  # type: ignore[no-any-return]
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return getattr(self.optimizer, "defaults", {})
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def __repr__(self) -> str:
-        return f"DeepSpeedOptimizerWrapper({self.optimizer!r})"
-
-
-class DeepSpeedSchedulerWrapper:
-    """The scheduler inside the prepared one: the engine steps the real one with each optimizer step."""
-
-    def __init__(self, scheduler: Any, optimizer: Any) -> None:
-        self.scheduler = scheduler
-        self.optimizer = optimizer
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def get_last_lr(self) -> list[float]:
-        return self.scheduler.get_last_lr()  # type: ignore[no-any-return]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
 
 
 class ZeRO3Awareness:
@@ -243,55 +132,6 @@ def register_zero3_awareness(awareness: ZeRO3Awareness) -> bool:
 
     hf_deepspeed.set_hf_deepspeed_config(awareness)
     return True
-
-
-@dataclass(kw_only=True)
-class EngineRecord:
-    """One DeepSpeed engine the strategy built, and what it was built from."""
-
-    engine: Any
-    plugin_name: str
-    """The name of the plugin that was active when the model was prepared."""
-    plugin: DeepSpeedPlugin
-    config: dict[str, Any]
-    """The resolved config the engine was initialised with."""
-    trains: bool
-    """Prepared with an optimizer (a torch one or `DummyOptim`)."""
-
-
-def plugins_from_config(config: Any) -> tuple[dict[str, DeepSpeedPlugin], bool]:
-    """The strategy's plugins by name, and whether they were given by name (`deepspeed_plugins={name: plugin}`).
-
-    A single plugin, a DeepSpeed config dict or a path is one plugin named `DEFAULT_PLUGIN`.
-
-    Raises:
-        TypeError: not a plugin, a config, a path or a `{name: DeepSpeedPlugin}` mapping.
-        ValueError: an empty mapping of plugins.
-    """
-    if config is None:
-        return {DEFAULT_PLUGIN: DeepSpeedPlugin()}, False
-    if isinstance(config, DeepSpeedPlugin):
-        return {DEFAULT_PLUGIN: config}, False
-    if isinstance(config, Mapping) and config and all(isinstance(v, DeepSpeedPlugin) for v in config.values()):
-        return {str(k): v for k, v in config.items()}, True
-    if isinstance(config, Mapping) and not config:
-        raise ValueError(
-            "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
-        )
-    if isinstance(config, (dict, str, Path)):
-        return {DEFAULT_PLUGIN: DeepSpeedPlugin(hf_ds_config=config)}, False
-    raise TypeError(
-        "The deepspeed strategy takes a DeepSpeedPlugin, a dict of DeepSpeedPlugins by name, a config dict or a "
-        f"path; got {type(config)}."
-    )
-
-
-class UnknownDeepSpeedPluginError(AccelError, KeyError):
-    """`get_deepspeed_plugin` / `select_deepspeed_plugin` with a name the Accelerator was not given (a KeyError,
-    as Accelerate's dict lookup raises)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class DeepSpeedStrategy(Strategy):
@@ -660,31 +500,6 @@ class DeepSpeedStrategy(Strategy):
         if offload not in (None, "none", "auto"):
             config["zero_optimization"]["offload_param"] = {"device": offload}
         return config
-
-
-def verify_engine_checkpoint(directory: Path) -> None:
-    """Refuse an engine checkpoint whose files would run code when DeepSpeed unpickles them.
-
-    Raises:
-        CheckpointError: the directory is missing, or a file is damaged.
-        UnsafeCheckpointError: a file references a class or function beyond tensors, plain
-            containers and DeepSpeed's own plain-data classes. Nothing in it was run.
-    """
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory.parent} has no DeepSpeed checkpoint ({directory.name}/ is missing).")
-    for path in sorted(directory.glob("*.pt")):
-        try:
-            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except Exception as exc:
-            raise CheckpointError(
-                f"Checkpoint file {path} could not be read ({exc}); it is truncated or corrupted."
-            ) from exc
-        unknown = sorted(set(found) - ENGINE_CHECKPOINT_GLOBALS)
-        if unknown:
-            raise UnsafeCheckpointError(
-                f"Refusing to load {path}: it references {unknown}, which DeepSpeed's loader would import and run "
-                "(unrestricted pickle). Nothing in it was run. Only load checkpoints you trust."
-            )
 
 
 def _micro_batch_size(prepared: Prepared, num_processes: int) -> int | None:
