@@ -30,6 +30,13 @@ def rlhf_loss(logits, y, ref_logits):
     # Task loss plus a pull towards the frozen reference's outputs (the role of the KL term in RLHF).
     return F.cross_entropy(logits, y) + BETA * F.mse_loss(logits, ref_logits)
 
+def zero3_for_transformers():
+    try:
+        from transformers.integrations import is_deepspeed_zero3_enabled
+    except ImportError:
+        return None  # transformers not installed: nothing to check
+    return is_deepspeed_zero3_enabled()
+
 def setup():
     # The actor trains under ZeRO-2 (clipping off, so that plain SGD is the reference); the reference model
     # is inference only under ZeRO-3, its parameters sharded over the ranks.
@@ -50,9 +57,12 @@ def setup():
         raise SystemExit("a second model with the active plugin was accepted")
     except AssertionError as exc:
         assert str(exc).startswith(MULTIPLE_MODELS) and "select_deepspeed_plugin" in str(exc), exc
+    assert not zero3_for_transformers()
     acc.state.select_deepspeed_plugin("reference")
     assert acc.deepspeed_plugin is plugins["reference"] is get_active_deepspeed_plugin(acc.state)
     assert plugins["reference"].selected and not plugins["actor"].selected
+    # transformers' ZeRO-3 hook follows the active plugin: models built now would be partitioned.
+    assert zero3_for_transformers() is not False
     reference = reference_net().requires_grad_(False)
     reference = acc.prepare(reference)
     reference.eval()
