@@ -36,9 +36,7 @@ NO_MODULE = {
 }
 # Names accel has with a difference worth knowing.
 NOTES = {
-    "deepspeed_plugins": "one DeepSpeed plugin per Accelerator: a dict with one entry is that plugin; several are refused",
-    "get_deepspeed_plugin": "one DeepSpeed plugin per Accelerator: only its own name is found",
-    "select_deepspeed_plugin": "one DeepSpeed plugin per Accelerator: only its own name can be selected",
+    "select_deepspeed_plugin": "an unknown name raises KeyError before any plugin is unselected; a second model with the active plugin is refused (AssertionError) instead of getting an engine `backward` never steps",
     "device_mesh": "the same mesh as `torch_device_mesh`",
     "load_state": "`load_kwargs` takes `map_location` ('cpu', 'on_device') and `weights_only=True`; anything that would unpickle code is refused",
     "DistributedType": "members naming hardware (MULTI_GPU, XLA, ...) come from the installed adapter packages",

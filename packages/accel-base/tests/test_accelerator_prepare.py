@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -80,6 +81,27 @@ def test_device_placement_per_object() -> None:
     a, b = acc.prepare(loader_a, loader_b, device_placement=[True, False])
     assert a.device == acc.device
     assert b.device is None
+
+
+def test_adapters_can_tell_a_requested_placement_from_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PrepareContext.device_placement_requested`: True when the call asked (a `prepare` list, a
+    `prepare_model` argument), False for the Accelerator's default, `Accelerator(device_placement=...)`
+    included; `device_placement` carries the value either way."""
+    acc = Accelerator(device_placement=False)
+    seen: list[tuple[bool, bool]] = []
+    original = acc.adapter.prepare_model
+
+    def spy(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        seen.append((ctx.device_placement, ctx.device_placement_requested))
+        return original(model, ctx)
+
+    monkeypatch.setattr(acc.adapter, "prepare_model", spy)
+    acc.prepare(torch.nn.Linear(1, 1))
+    acc.prepare(torch.nn.Linear(1, 1), device_placement=[True])
+    acc.prepare(torch.nn.Linear(1, 1), device_placement=[False])
+    acc.prepare_model(torch.nn.Linear(1, 1))
+    acc.prepare_model(torch.nn.Linear(1, 1), device_placement=True)
+    assert seen == [(False, False), (True, True), (False, True), (False, False), (True, True)]
 
 
 def test_already_prepared_objects_are_returned_unchanged() -> None:

@@ -140,29 +140,62 @@ def test_one_deepspeed_plugin_by_name_is_the_deepspeed_plugin() -> None:
     plugin = DeepSpeedPlugin(zero_stage=2)
     acc = Accelerator(cpu=True, deepspeed_plugins={"actor": plugin})
     state = acc.state
-    assert state.strategy_name == "deepspeed" and acc.deepspeed_plugin is plugin
+    assert state.strategy_name == "deepspeed" and acc.deepspeed_plugin is plugin and plugin.selected
     assert state.deepspeed_plugins == {"actor": plugin}
     assert state.get_deepspeed_plugin("actor") is plugin
     state.select_deepspeed_plugin("actor")
-    with pytest.raises(AccelerateFeatureError, match=r"No DeepSpeed plugin named 'critic'.*one DeepSpeed plugin"):
+    with pytest.raises(
+        KeyError, match=r"No DeepSpeed plugin named 'critic': this Accelerator has the names \['actor'\]"
+    ):
         state.get_deepspeed_plugin("critic")
 
     AcceleratorState._reset_state(True)
     acc = Accelerator(cpu=True, deepspeed_plugin=plugin)
     assert acc.state.deepspeed_plugins is plugin  # Accelerate keeps a plugin given alone as is
     assert acc.state.get_deepspeed_plugin("default") is plugin
+    with pytest.raises(KeyError, match=r"one plugin, given as deepspeed_plugin="):
+        acc.state.select_deepspeed_plugin("actor")
 
 
-def test_several_deepspeed_plugins_are_refused_by_name() -> None:
+def test_several_deepspeed_plugins_first_active_then_selected_by_name() -> None:
+    from accel.utils import get_active_deepspeed_plugin
+
+    actor, reference = DeepSpeedPlugin(zero_stage=2), DeepSpeedPlugin(zero_stage=3)
+    acc = Accelerator(cpu=True, deepspeed_plugins={"actor": actor, "reference": reference})
+    state = acc.state
+    assert state.deepspeed_plugins == {"actor": actor, "reference": reference}
+    assert acc.deepspeed_plugin is actor is state.deepspeed_plugin is get_active_deepspeed_plugin(state)
+    assert actor.selected and not reference.selected
+    state.select_deepspeed_plugin("reference")
+    assert acc.deepspeed_plugin is reference is get_active_deepspeed_plugin(state)
+    assert reference.selected and not actor.selected
+    assert state.get_deepspeed_plugin("actor") is actor
+    # An unknown name changes nothing.
+    with pytest.raises(KeyError, match=r"\['actor', 'reference'\]"):
+        state.select_deepspeed_plugin("critic")
+    assert acc.deepspeed_plugin is reference and reference.selected and not actor.selected
+    # Accelerate's rules: selection only through the state; `selected` is read-only.
+    with pytest.raises(
+        ValueError, match=r"^A `DeepSpeedPlugin` object must be enabled manually .*select_deepspeed_plugin"
+    ):
+        actor.select()
+    with pytest.raises(NotImplementedError, match=r"^'enabled' can only be set through"):
+        actor.selected = True
+
+
+def test_deepspeed_plugins_bad_input_gets_accelerates_errors() -> None:
+    from accel.utils import get_active_deepspeed_plugin
+
+    with pytest.raises(TypeError, match=r"^`deepspeed_plugin` must be a DeepSpeedPlugin object\.$"):
+        Accelerator(cpu=True, deepspeed_plugins={"actor": DeepSpeedPlugin(), "reference": {"zero_optimization": {}}})
+    with pytest.raises(ValueError, match=r"names no DeepSpeed plugin"):
+        Accelerator(cpu=True, deepspeed_plugins={})
     plugins = {"actor": DeepSpeedPlugin(zero_stage=2), "reference": DeepSpeedPlugin(zero_stage=3)}
-    with pytest.raises(AccelerateFeatureError) as info:
-        Accelerator(cpu=True, deepspeed_plugins=plugins)
-    message = str(info.value)
-    assert isinstance(info.value, NotImplementedError) and isinstance(info.value, AccelError)
-    assert "2 DeepSpeed plugins (['actor', 'reference'])" in message
-    assert "RLHF actor and reference model" in message and "one DeepSpeed plugin per Accelerator" in message
     with pytest.raises(ValueError, match=re.escape("You cannot pass in both `deepspeed_plugins` and")):
         Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(), deepspeed_plugins=plugins)
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match=r"^Couldn't retrieve the active `DeepSpeedPlugin` as none were enabled"):
+        get_active_deepspeed_plugin(acc.state)
 
 
 def _checkpoint(tmp_path):

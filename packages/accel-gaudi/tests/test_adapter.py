@@ -69,6 +69,21 @@ def test_multi_process_training_does_not_move_and_says_so():
     assert kept is model and model.weight.device.type == "cpu"
 
 
+def test_multi_process_training_honours_a_requested_placement():
+    # optimum-habana's rule: only the default (`device_placement=None` in the call) skips the move in
+    # multi-HPU training; `prepare(..., device_placement=[True])` / `prepare_model(..., True)` moves.
+    adapter = GaudiAdapter(emulate=True)
+    multi = {"use_distributed": True, "num_processes": 2, "strategy": Strategy()}
+    moved = adapter.prepare_model(nn.Linear(2, 2), ctx(device_placement_requested=True, **multi))
+    assert moved.weight.device.type == "meta"
+    kept = adapter.prepare_model(nn.Linear(2, 2), ctx(device_placement_requested=False, **multi))
+    assert kept.weight.device.type == "cpu"
+    refused = adapter.prepare_model(
+        nn.Linear(2, 2), ctx(device_placement=False, device_placement_requested=True, **multi)
+    )
+    assert refused.weight.device.type == "cpu"
+
+
 def test_evaluation_mode_places_and_applies_only_precision():
     model = nn.Sequential(nn.Linear(2, 2))
     seen = []

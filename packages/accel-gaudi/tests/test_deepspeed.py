@@ -198,3 +198,48 @@ def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy
     state = acc.get_state_dict(engine)
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(state[k], v, atol=1e-6, rtol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
+    """One process: with a dynamo backend the engine is compiled after `deepspeed.initialize`
+    (`engine.compile`), and `compiled_autograd_enabled` (optimum-habana's `GaudiAccelerator` argument)
+    turns on compiled autograd for its backward: the backward graph is captured, and training still
+    equals plain SGD. Off, the backward runs eagerly."""
+    import torch
+    import torch.nn.functional as F
+    from accel import Accelerator
+    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    acc = Accelerator(
+        adapter="gaudi",
+        emulate=True,
+        dynamo_backend="aot_eager",
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.0),
+        adapter_options={"compiled_autograd_enabled": enabled},
+    )
+    assert acc.adapter.compiled_autograd() is enabled
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=4)
+    engine, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    assert engine.is_compiled and engine._is_compiled_autograd_enabled is enabled
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(4, 2)
+    for _ in range(3):
+        acc.backward(F.mse_loss(engine(x), y))
+        opt.step()
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    captured = counters["compiled_autograd"]["captures"]
+    assert (captured > 0) is enabled, dict(counters["compiled_autograd"])
+    state = acc.get_state_dict(engine)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=1e-5, msg=k)

@@ -56,6 +56,7 @@ from .registry import get_strategy_class
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 from .state import AcceleratorState, DistributedType, GradientState
 from .strategies.base import Strategy
+from .strategies.deepspeed_config import DeepSpeedPlugin
 from .trackers import TrackerHub
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
@@ -93,8 +94,9 @@ class Accelerator(AcceleratorCompatMixin):
             device mesh, composed on FSDP2; docs/parallelism.md).
         torch_tp_plugin: deprecated in Accelerate: run as `ParallelismConfig(tp_size=plugin.tp_size)`, with
             Accelerate's FutureWarning.
-        deepspeed_plugins: `{name: plugin}` with one plugin, used as `deepspeed_plugin` (accel runs one DeepSpeed
-            plugin per Accelerator: several raise `AccelerateFeatureError`).
+        deepspeed_plugins: `{name: DeepSpeedPlugin}`: one DeepSpeed engine per plugin (e.g. an RLHF actor and
+            its frozen reference model). The first is active; `accelerator.state.select_deepspeed_plugin(name)`
+            picks the one the next prepared model is built with (docs/deepspeed.md).
 
     Raises:
         ValueError: unknown precision, a precision the adapter lacks, or a kwargs handler
@@ -132,7 +134,7 @@ class Accelerator(AcceleratorCompatMixin):
         strategy_config: Any = None,
         even_batches: bool | None = None,
     ) -> None:
-        deepspeed_plugin, deepspeed_plugin_name = _one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        deepspeed_plugin = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins)
         parallelism_config = _tp_plugin_as_parallelism(torch_tp_plugin, parallelism_config)
         # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
         plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
@@ -155,8 +157,7 @@ class Accelerator(AcceleratorCompatMixin):
                 }
             ).values()
         )
-        deepspeed_plugin, fsdp_plugin, megatron_lm_plugin = (
-            convert(deepspeed_plugin, "deepspeed_plugin"),
+        fsdp_plugin, megatron_lm_plugin = (
             convert(fsdp_plugin, "fsdp_plugin"),
             convert(megatron_lm_plugin, "megatron_lm_plugin"),
         )
@@ -220,7 +221,6 @@ class Accelerator(AcceleratorCompatMixin):
             use_distributed
         ) or self.adapter.data_parallel_type(use_distributed)
         self.state._strategy = self.strategy  # AcceleratorState.deepspeed_plugin / fsdp_plugin read its plugin
-        self.state._deepspeed_plugin_name = deepspeed_plugin_name  # AcceleratorState.deepspeed_plugins
         self.state._torch_tp_plugin = torch_tp_plugin
 
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
@@ -306,6 +306,7 @@ class Accelerator(AcceleratorCompatMixin):
             adapter=self.adapter,
             strategy=self.strategy,
             adapter_defaults=self._adapter_defaults,
+            dynamo_plugin=self.state.dynamo_plugin,
         )
 
     @property
@@ -437,11 +438,16 @@ class Accelerator(AcceleratorCompatMixin):
 
     # ---- prepare --------------------------------------------------------------------------
     def _context(
-        self, device_placement: bool, evaluation_mode: bool = False, optimizers: tuple[Any, ...] = ()
+        self,
+        device_placement: bool,
+        evaluation_mode: bool = False,
+        optimizers: tuple[Any, ...] = (),
+        device_placement_requested: bool = False,
     ) -> PrepareContext:
         return PrepareContext(
             device=self.device,
             device_placement=device_placement,
+            device_placement_requested=device_placement_requested,
             evaluation_mode=evaluation_mode,
             mixed_precision=self.mixed_precision,
             autocast_kwargs=_autocast_kwargs(self.autocast_handler),
@@ -469,14 +475,18 @@ class Accelerator(AcceleratorCompatMixin):
             ValueError: `device_placement` is not one flag per object; a model loaded with a
                 multi-device `device_map` in distributed mode; the strategy's own rules.
         """
+        placements: list[bool | None]
         if device_placement is None:
-            device_placement = [self.device_placement] * len(args)
+            # None per object: each prepare_* takes the Accelerator's default, and adapters can tell it
+            # from an explicit request (`PrepareContext.device_placement_requested`).
+            placements = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(
                 f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
             )
         else:
             self.strategy.validate_device_placement(device_placement)
+            placements = list(device_placement)
         self.strategy.validate_prepare(args, self._run())
         objects = list(args)
         # Paired by parameter identity before preparing changes any parameter.
@@ -501,7 +511,7 @@ class Accelerator(AcceleratorCompatMixin):
             for stage in range(3):
                 for i, obj in enumerate(objects):
                     if _prepare_stage(obj) == stage:
-                        result[i] = self._prepare_one(obj, device_placement[i])
+                        result[i] = self._prepare_one(obj, placements[i])
         finally:
             self._paired_optimizers = {}
             self._in_prepare = False
@@ -530,7 +540,7 @@ class Accelerator(AcceleratorCompatMixin):
                 obj._is_accel_prepared = True
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
         if getattr(obj, "_is_accel_prepared", False):
             return obj
         if isinstance(obj, torch.nn.Module):
@@ -556,6 +566,7 @@ class Accelerator(AcceleratorCompatMixin):
             ValueError: for quantized (8-bit/4-bit) or `device_map` models Accelerate
                 also refuses, with the same messages.
         """
+        requested = device_placement is not None
         if device_placement is None:
             device_placement = self.device_placement
         device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
@@ -564,7 +575,9 @@ class Accelerator(AcceleratorCompatMixin):
             device_placement = not any(p.is_meta for p in model.parameters())
         before = ParameterMap.snapshot(model)
         paired = self._paired_optimizers.get(id(model), ())
-        prepared = self.adapter.prepare_model(model, self._context(device_placement, evaluation_mode, paired))
+        prepared = self.adapter.prepare_model(
+            model, self._context(device_placement, evaluation_mode, paired, device_placement_requested=requested)
+        )
         if self.adapter.repoints_paired_optimizers:
             self._adapter_repointed.update(paired)
         if self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False)):
@@ -1141,23 +1154,27 @@ def _accumulation_steps(steps: Any) -> int:
     return value
 
 
-def _one_deepspeed_plugin(plugin: Any, plugins: Any) -> tuple[Any, str | None]:
-    """The DeepSpeed plugin of `deepspeed_plugin=` / `deepspeed_plugins=`, and its name when given in a dict."""
-    if plugins is None:
-        return plugin, None
-    if plugin is not None:
+def _deepspeed_plugins(plugin: Any, plugins: Any) -> Any:
+    """The DeepSpeed strategy's config from `deepspeed_plugin=` / `deepspeed_plugins=`: one plugin, or a
+    `{name: plugin}` dict (Accelerate's plugins converted to accel's).
+
+    Raises:
+        ValueError: both arguments given, or an empty dict (Accelerate's first message).
+        TypeError: a dict value that is not a DeepSpeedPlugin (Accelerate's message).
+    """
+    if plugins is not None and plugin is not None:
         raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
-    if not isinstance(plugins, Mapping):
-        return plugins, None  # Accelerate also takes a single plugin here
-    if len(plugins) != 1:
-        raise AccelerateFeatureError(
-            f"Accelerator(deepspeed_plugins=...) got {len(plugins)} DeepSpeed plugins ({sorted(map(str, plugins))}): "
-            "several DeepSpeed plugins in one Accelerator (several DeepSpeed models, e.g. an RLHF actor and "
-            "reference model, switched with `select_deepspeed_plugin`) are not supported by accel, which runs one "
-            "DeepSpeed plugin per Accelerator today. Pass one: `Accelerator(deepspeed_plugin=plugin)`."
+    given = plugins if plugins is not None else plugin
+    if not isinstance(given, Mapping):
+        return convert(given, "deepspeed_plugin")
+    if not given:
+        raise ValueError(
+            "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
         )
-    ((name, only),) = plugins.items()
-    return only, str(name)
+    converted = {str(name): convert(p, f"deepspeed_plugins[{name!r}]") for name, p in given.items()}
+    if not all(isinstance(p, DeepSpeedPlugin) for p in converted.values()):
+        raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
+    return converted
 
 
 def _tp_plugin_as_parallelism(plugin: Any, parallelism_config: Any) -> Any:

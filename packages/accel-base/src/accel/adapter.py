@@ -31,6 +31,7 @@ from .adapter_options import AdapterOptions, AdapterOptionsError
 from .distributed_type import DistributedType
 
 if TYPE_CHECKING:
+    from .kwargs import TorchDynamoPlugin
     from .precision import Precision
     from .prepare import PrepareContext
 
@@ -382,12 +383,28 @@ class Adapter:
         return ctx.strategy.wrap_model(model, ctx)
 
     def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        plugin = ctx.dynamo_plugin
+        """`torch.compile` the model with `dynamo_settings(ctx.dynamo_plugin)` (nothing when that is None or
+        its backend is "no"). A model a strategy compiles itself once its engine exists
+        (`Strategy.compiles_model`) is left as it is, except in evaluation mode (no strategy then)."""
+        plugin = self.dynamo_settings(ctx.dynamo_plugin)
         if plugin is None or plugin.backend in (None, "no"):
+            return model
+        if ctx.strategy.compiles_model and not ctx.evaluation_mode:
             return model
         from .compile import compile_model
 
         return compile_model(model, plugin, default_backend=self.compile_backend())
+
+    def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
+        """The compile settings this hardware applies for the user's `plugin` (None: no compilation).
+        Read by `compile_model` and by strategies that compile their own engine. Base: `plugin` as is; an
+        adapter whose option implies compilation (e.g. regional compilation) returns adjusted settings."""
+        return plugin
+
+    def compiled_autograd(self) -> bool:
+        """Whether a strategy that compiles its own engine (DeepSpeed's `engine.compile`) also compiles the
+        backward with compiled autograd. Base: False."""
+        return False
 
     def compile_backend(self) -> str:
         """The torch.compile backend for this hardware when the user asks for the default one."""

@@ -78,8 +78,9 @@ REASONS: dict[str, str] = {
     ),
     r"fsdp2_.*|(load|save)_fsdp_(model|optimizer)|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
     r"ensure_weights_retied|get_fsdp2_grad_scaler|compile_regions_(fsdp2|deepspeed)|GatheredParameters": _STRATEGY,
-    r"deepspeed_engine_wrapped|deepspeed_plugins|get_deepspeed_plugin|select_deepspeed_plugin": (
-        "one DeepSpeed config per Accelerator: `Accelerator(deepspeed_plugin=...)` / `accelerator.deepspeed_plugin`"
+    r"deepspeed_engine_wrapped": (
+        "the engines are the prepared models; `Accelerator.backward` runs the one prepared with an optimizer "
+        "(`accelerator.strategy.engine`)"
     ),
     r"apply_fp8_autowrap|contextual_fp8_autocast|convert_model|convert_model_to_fp8_ao|has_ao_layers": _FP8,
     r"has_transformer_engine_layers|filter_first_and_last_linear_layers": _FP8,

@@ -13,6 +13,17 @@ def is_compiled_module(module: torch.nn.Module) -> bool:
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
 
+def compile_kwargs(plugin: TorchDynamoPlugin, *, default_backend: str) -> dict[str, Any]:
+    """`torch.compile`'s keyword arguments for `plugin` (`backend` "default" becomes `default_backend`)."""
+    backend = default_backend if plugin.backend in ("default", None) else plugin.backend
+    kwargs: dict[str, Any] = {"backend": backend, "fullgraph": plugin.fullgraph, "dynamic": plugin.dynamic}
+    if plugin.mode is not None:
+        kwargs["mode"] = plugin.mode
+    if plugin.options is not None:
+        kwargs["options"] = plugin.options
+    return kwargs
+
+
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin, *, default_backend: str) -> torch.nn.Module:
     """Compile `model` with `plugin`'s settings unless it is already compiled.
 
@@ -22,12 +33,7 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin, *, default_
     """
     if is_compiled_module(model):
         return model
-    backend = default_backend if plugin.backend in ("default", None) else plugin.backend
-    kwargs: dict[str, Any] = {"backend": backend, "fullgraph": plugin.fullgraph, "dynamic": plugin.dynamic}
-    if plugin.mode is not None:
-        kwargs["mode"] = plugin.mode
-    if plugin.options is not None:
-        kwargs["options"] = plugin.options
+    kwargs = compile_kwargs(plugin, default_backend=default_backend)
     if plugin.use_regional_compilation:
         return compile_regions(model, **kwargs)
     return cast(torch.nn.Module, torch.compile(model, **kwargs))
@@ -47,6 +53,17 @@ def compile_regions(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         return cast(torch.nn.Module, torch.compile(model, **kwargs))
     model._accel_regionally_compiled = True  # type: ignore[assignment]
     return model
+
+
+def compile_regions_in_place(model: torch.nn.Module, **kwargs: Any) -> None:
+    """`module.compile(**kwargs)` on each block held in a `ModuleList` (else on `model` itself).
+
+    In place, keeping every module object: for a model already inside an engine (DeepSpeed) whose hooks
+    sit on those modules, where swapping in `torch.compile` wrappers would leave the hooks behind.
+    """
+    blocks = [block for m in model.modules() if isinstance(m, torch.nn.ModuleList) for block in m]
+    for block in blocks or [model]:
+        block.compile(**kwargs)
 
 
 def strip_compile(model: torch.nn.Module) -> torch.nn.Module:

@@ -19,6 +19,11 @@ class PrepareContext:
     """This process's device."""
     device_placement: bool
     """Move the object to `device`."""
+    device_placement_requested: bool = False
+    """Whether `device_placement` was asked for in the call (`prepare(..., device_placement=[...])`,
+    `prepare_model(model, device_placement=...)`) rather than taken from the Accelerator's default. An
+    adapter whose default rule places differently (e.g. no move in multi-process training) honours a
+    request."""
     evaluation_mode: bool = False
     """Prepare for inference: precision and compilation only, no strategy wrapper."""
     mixed_precision: str = "no"

@@ -22,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from .adapter import Adapter
+    from .kwargs import TorchDynamoPlugin
     from .strategies.base import Strategy
 
 
@@ -72,3 +73,5 @@ class RunContext:
     strategy: Strategy
     adapter_defaults: dict[str, Any] = field(default_factory=dict)
     """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
+    dynamo_plugin: TorchDynamoPlugin | None = None
+    """The run's torch.compile settings, for a strategy that compiles its own engine (`compiles_model`)."""

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .accelerate_env import apply_accelerate_env
 from .adapter import Adapter
-from .compat_table import AccelerateFeatureError, missing_member
+from .compat_table import missing_member
 from .debug import check_collective
 from .distributed_type import DistributedType
 from .errors import DistributedSetupError
@@ -479,8 +479,6 @@ class AcceleratorState:
     _shared_state: dict[str, Any] = {}
     _strategy: Any
     """The Accelerator's strategy (set by it), for `deepspeed_plugin` / `fsdp_plugin`."""
-    _deepspeed_plugin_name: str | None
-    """The name of the one plugin given as `deepspeed_plugins={name: plugin}` (set by the Accelerator)."""
     _torch_tp_plugin: Any
     """The deprecated `torch_tp_plugin` the Accelerator was given, for `AcceleratorState.torch_tp_plugin`."""
     _known_attrs: list[str] = [
@@ -647,10 +645,15 @@ class AcceleratorState:
 
     @property
     def deepspeed_plugin(self) -> Any:
-        """The DeepSpeed plugin in use (strategy "deepspeed"), else None, as in Accelerate."""
+        """The active DeepSpeed plugin (strategy "deepspeed"): the first of `deepspeed_plugins` until
+        `select_deepspeed_plugin` picks another; None without DeepSpeed, as in Accelerate."""
+        strategy = self._deepspeed_strategy()
+        return None if strategy is None else strategy.plugin
+
+    def _deepspeed_strategy(self) -> Any:
         if str(self.__dict__.get("strategy_name", "")) != "deepspeed":
             return None
-        return getattr(self.__dict__.get("_strategy"), "plugin", None)
+        return self.__dict__.get("_strategy")
 
     # ---- parallelism and DeepSpeed plugins, read from the Accelerator's strategy ---------------
     @property
@@ -672,48 +675,42 @@ class AcceleratorState:
 
     @property
     def deepspeed_plugins(self) -> Any:
-        """The DeepSpeed plugin as given to the Accelerator when it uses DeepSpeed, else None: a `{name: plugin}`
-        dict for `deepspeed_plugins={name: plugin}`, the plugin itself for `deepspeed_plugin=plugin` (as in
-        Accelerate). accel runs one DeepSpeed plugin per Accelerator."""
-        plugin = self.deepspeed_plugin
-        if plugin is None:
+        """The DeepSpeed plugins as given to the Accelerator when it uses DeepSpeed, else None: the
+        `{name: plugin}` dict of `deepspeed_plugins=`, the plugin itself for `deepspeed_plugin=plugin` (as in
+        Accelerate)."""
+        strategy = self._deepspeed_strategy()
+        if strategy is None:
             return None
-        key = self.__dict__.get("_deepspeed_plugin_name")
-        return {key: plugin} if key is not None else plugin
+        return dict(strategy.plugins) if strategy.named_plugins else strategy.plugin
 
-    def _deepspeed_plugin_named(self, name: str | None) -> Any:
-        if str(self.__dict__.get("strategy_name", "")) != "deepspeed":
+    def _require_deepspeed(self) -> Any:
+        strategy = self._deepspeed_strategy()
+        if strategy is None:
             raise ValueError(
                 "DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
                 "before calling this function."
             )
-        key = self.__dict__.get("_deepspeed_plugin_name")
-        if name != key and not (key is None and name in (None, "default")):
-            raise AccelerateFeatureError(
-                f"No DeepSpeed plugin named {name!r}: this Accelerator has one, "
-                f"{'given as deepspeed_plugin=' if key is None else repr(key)}. Several DeepSpeed plugins (several "
-                "DeepSpeed models, e.g. an RLHF actor and reference model) are not supported by accel: it runs one "
-                "DeepSpeed plugin per Accelerator."
-            )
-        return self.deepspeed_plugin
+        return strategy
 
     def get_deepspeed_plugin(self, name: str) -> Any:
-        """The DeepSpeed plugin named `name` in `Accelerator(deepspeed_plugins={name: plugin})` (accel has one).
+        """The DeepSpeed plugin named `name` in `Accelerator(deepspeed_plugins={name: plugin, ...})` (a plugin
+        given alone answers to "default").
 
         Raises:
             ValueError: the Accelerator does not use DeepSpeed (Accelerate's message).
-            AccelerateFeatureError: no plugin by that name (accel runs one DeepSpeed plugin per Accelerator).
+            KeyError: no plugin by that name (`UnknownDeepSpeedPluginError`; the message lists the names).
         """
-        return self._deepspeed_plugin_named(name)
+        return self._require_deepspeed().get_plugin(name)
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the plugin `name` the active one: accel has one, always active, so this checks the name only.
+        """Activate the DeepSpeed plugin `name` and unselect the others: the next model passed to `prepare` is
+        built into its own engine from it (e.g. the frozen reference model after the actor).
 
         Raises:
             ValueError: the Accelerator does not use DeepSpeed (Accelerate's message).
-            AccelerateFeatureError: another name (accel runs one DeepSpeed plugin per Accelerator).
+            KeyError: no plugin by that name (`UnknownDeepSpeedPluginError`); the selection is unchanged.
         """
-        self._deepspeed_plugin_named(name)
+        self._require_deepspeed().select_plugin(name)
 
     def __repr__(self) -> str:
         return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\nStrategy: {self.strategy_name}\n"

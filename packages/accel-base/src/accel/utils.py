@@ -149,7 +149,7 @@ from .parallelism_config import ParallelismConfig, TorchContextParallelConfig, T
 from .precision import convert_outputs_to_fp32
 from .rng import RNGType, synchronize_rng_state, synchronize_rng_states
 from .state import DistributedType
-from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
 from .tqdm import tqdm
 
@@ -246,6 +246,7 @@ __all__ = [
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "get_active_deepspeed_plugin",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",

@@ -20,6 +20,7 @@ from .options import GaudiOptions
 from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
+    from accel.kwargs import TorchDynamoPlugin
     from accel.prepare import PrepareContext
 
 
@@ -102,15 +103,19 @@ class GaudiAdapter(Adapter):
 
     # ---- prepare --------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Placement (not in multi-HPU training), precision, the strategy (not in evaluation
-        mode), then compilation.
+        """Placement, precision, the strategy (not in evaluation mode), then compilation.
+
+        Placement follows Gaudi's own rule: by default a model is not moved in multi-HPU training
+        (the script places it), but a placement asked for in the call
+        (`prepare(..., device_placement=[True, ...])`, `prepare_model(model, device_placement=True)`)
+        is honoured there too; `Accelerator(device_placement=...)` is the default, not a request.
 
         Raises:
             ValueError: a multi-HPU DDP/fast_ddp model whose parameters are not on the HPU
                 yet, or `fast_ddp` asked for under another strategy.
         """
         training_distributed = ctx.use_distributed and not ctx.evaluation_mode
-        if ctx.device_placement and not training_distributed:
+        if ctx.device_placement and (ctx.device_placement_requested or not training_distributed):
             model = self.place_model(model, ctx)
         model = self.apply_precision(model, ctx)
         if not ctx.evaluation_mode:
@@ -170,21 +175,25 @@ class GaudiAdapter(Adapter):
                 f"{sorted(stray)}, not on {ctx.device}. Call `model.to(accelerator.device)` before `prepare`."
             )
 
-    def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        if self.config.use_regional_compilation:
-            plugin = ctx.dynamo_plugin
-            backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
-            if plugin is None:
-                from accel.kwargs import TorchDynamoPlugin
+    def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
+        """`use_regional_compilation` implies compilation (the adapter's backend unless the user chose one),
+        one repeated block at a time; otherwise the user's settings as they are. DeepSpeed's engine is
+        compiled with the same settings (`engine.compile`, after `deepspeed.initialize`)."""
+        if not self.config.use_regional_compilation:
+            return plugin
+        backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
+        if plugin is None:
+            from accel.kwargs import TorchDynamoPlugin
 
-                plugin = TorchDynamoPlugin(backend=backend)
-            ctx = dataclasses.replace(
-                ctx, dynamo_plugin=dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
-            )
-        return super().compile_model(model, ctx)
+            plugin = TorchDynamoPlugin(backend=backend)
+        return dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
 
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
+
+    def compiled_autograd(self) -> bool:
+        """The `compiled_autograd_enabled` option: DeepSpeed's `engine.compile` also compiles the backward."""
+        return bool(self.config.compiled_autograd_enabled)
 
     # ---- the step -------------------------------------------------------------------------
     def after_backward(self) -> None:

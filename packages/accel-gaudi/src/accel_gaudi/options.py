@@ -80,3 +80,13 @@ class GaudiOptions(AdapterOptions):
     )
     """Use Habana's `FusedAdamW` for a plain `torch.optim.AdamW` and `FusedClipNorm` for
     `clip_grad_norm_` (2-norm) when the stack has them (as Gaudi's Trainer does); off keeps torch's."""
+    compiled_autograd_enabled: bool = option(
+        False,
+        env="ACCEL_GAUDI_COMPILED_AUTOGRAD_ENABLED",
+        flag="--compiled-autograd-enabled",
+        help="gaudi: under DeepSpeed with a dynamo backend, compile the engine's backward too (compiled autograd)",
+    )
+    """Under DeepSpeed with compilation on (a dynamo backend, not regional), `engine.compile` also turns
+    on compiled autograd, so the backward is captured and compiled as one graph, as optimum-habana's
+    `GaudiAccelerator(compiled_autograd_enabled=True)` (`use_compiled_autograd`) does. Costs a longer
+    first backward; no effect under other strategies or without compilation (as there)."""

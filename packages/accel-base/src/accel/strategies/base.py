@@ -119,6 +119,11 @@ class Strategy:
     owns_loss_scaling: ClassVar[bool] = False
     """Whether the strategy's engine scales the fp16 loss itself (then the Accelerator makes no grad scaler)."""
 
+    compiles_model: ClassVar[bool] = False
+    """Whether the strategy compiles the model itself, in `setup`, once its engine exists (e.g. DeepSpeed's
+    `engine.compile`); then `Adapter.compile_model` leaves a model it wraps uncompiled. The strategy reads the
+    settings from `RunContext.dynamo_plugin` through `Adapter.dynamo_settings` and `Adapter.compile_backend`."""
+
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""
 

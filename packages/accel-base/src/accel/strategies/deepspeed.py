@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..errors import CheckpointError, UnsafeCheckpointError
+from ..errors import CheckpointError
 from .base import Strategy
+from .deepspeed_checkpoint import ENGINE_CHECKPOINT_GLOBALS, verify_engine_checkpoint
 from .deepspeed_config import (
     AcceleratorValues,
     DeepSpeedConfigError,
@@ -34,6 +35,8 @@ from .deepspeed_config import (
     offloads_to_cpu_optimizer,
     resolve_config,
 )
+from .deepspeed_optim import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, map_pytorch_optim_to_deepspeed
+from .deepspeed_plugins import DEFAULT_PLUGIN, EngineRecord, UnknownDeepSpeedPluginError, plugins_from_config
 
 if TYPE_CHECKING:
     from ..distributed_type import DistributedType
@@ -42,28 +45,24 @@ if TYPE_CHECKING:
     from ..prepared import Prepared, RunContext
 
 __all__ = [
+    "DEFAULT_PLUGIN",
+    "ENGINE_CHECKPOINT_GLOBALS",
     "DeepSpeedConfigError",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
+    "DeepSpeedSchedulerWrapper",
     "DeepSpeedStrategy",
     "DummyOptim",
     "DummyScheduler",
+    "EngineRecord",
+    "UnknownDeepSpeedPluginError",
     "map_pytorch_optim_to_deepspeed",
+    "verify_engine_checkpoint",
 ]
 
 MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple models when using DeepSpeed"
 DEVICE_PLACEMENT = "You can't customize device placements with DeepSpeed or Megatron-LM."
 CHECKPOINT_TAG = "pytorch_model"
-# Plain-data classes DeepSpeed pickles into its checkpoints (measured with 0.19.8, ZeRO 0-3,
-# fp32 and bf16). Anything else in a file is refused before DeepSpeed's own loader, which
-# unpickles without restriction, ever opens it.
-ENGINE_CHECKPOINT_GLOBALS = frozenset(
-    {
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-        "deepspeed.runtime.zero.config.ZeroStageEnum",
-        "deepspeed.utils.tensor_fragment.fragment_address",
-    }
-)
 
 
 def import_deepspeed(device_type: str) -> Any:
@@ -94,112 +93,6 @@ def import_deepspeed(device_type: str) -> Any:
             f"Set DS_ACCELERATOR={device_type} (or leave it unset) before DeepSpeed is imported."
         )
     return deepspeed
-
-
-def _is_32bit_bnb(optimizer: Any, names: tuple[str, ...]) -> bool:
-    """A bitsandbytes optimizer of one of the class `names` running 32-bit states (Accelerate maps those too)."""
-    cls = type(optimizer)
-    if not cls.__module__.startswith("bitsandbytes") or cls.__name__ not in names:
-        return False
-    bits = getattr(optimizer, "optim_bits", None)
-    if bits is None:
-        bits = getattr(getattr(optimizer, "args", None), "optim_bits", None)
-    return bits == 32
-
-
-def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """DeepSpeed's CPU optimizer in place of a torch one, for optimizer offload (Accelerate's rule).
-
-    Built over the same parameter groups (so per-group `lr`, `betas`, `eps`, `weight_decay`
-    carry over), with the optimizer's default `lr` and `weight_decay`:
-
-    - `torch.optim.Adagrad` (or a 32-bit bitsandbytes Adagrad) becomes `DeepSpeedCPUAdagrad`;
-    - a 32-bit bitsandbytes Lion becomes `DeepSpeedCPULion`;
-    - every other optimizer becomes `DeepSpeedCPUAdam`, with decoupled weight decay
-      (`adamw_mode=True`) for `torch.optim.AdamW` (or a 32-bit bitsandbytes AdamW) and L2
-      weight decay (`adamw_mode=False`) otherwise. As in Accelerate, that includes SGD and
-      other non-Adam optimizers: the update rule changes (a warning says so).
-    """
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
-    if isinstance(optimizer, torch.optim.Adagrad) or _is_32bit_bnb(optimizer, ("Adagrad", "Adagrad32bit")):
-        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-
-        # Accelerate 1.15 also passes `adamw_mode` here, which DeepSpeedCPUAdagrad (0.19) does not accept.
-        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
-    if _is_32bit_bnb(optimizer, ("Lion", "Lion32bit")):
-        from deepspeed.ops.lion import DeepSpeedCPULion
-
-        return DeepSpeedCPULion(optimizer.param_groups, **defaults)  # type: ignore[no-any-return]
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    adamw = isinstance(optimizer, torch.optim.AdamW) or _is_32bit_bnb(optimizer, ("AdamW", "AdamW32bit"))
-    if not adamw and not isinstance(optimizer, torch.optim.Adam):
-        logging.getLogger("accel").warning(
-            "Optimizer offload under DeepSpeed replaces %s with DeepSpeedCPUAdam (Adam with L2 weight decay), as "
-            "Accelerate does: the update rule changes. Set the DeepSpeed config's `zero_force_ds_cpu_optimizer` "
-            "to false to keep your optimizer.",
-            type(optimizer).__name__,
-        )
-    return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=adamw, **defaults)  # type: ignore[no-any-return]
-
-
-class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
-    """The optimizer inside the prepared one: a view on the engine's optimizer.
-
-    `step` and `zero_grad` do nothing because `Accelerator.backward` already ran the
-    engine's step, which steps and zeroes at each accumulation boundary.
-    """
-
-    def __init__(self, optimizer: Any) -> None:
-        # No super().__init__: a view, sharing the real optimizer's groups and state.
-        self.optimizer = optimizer
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return getattr(self.optimizer, "state", {})
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups  # type: ignore[no-any-return]
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return getattr(self.optimizer, "defaults", {})
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def __repr__(self) -> str:
-        return f"DeepSpeedOptimizerWrapper({self.optimizer!r})"
-
-
-class DeepSpeedSchedulerWrapper:
-    """The scheduler inside the prepared one: the engine steps the real one with each optimizer step."""
-
-    def __init__(self, scheduler: Any, optimizer: Any) -> None:
-        self.scheduler = scheduler
-        self.optimizer = optimizer
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def get_last_lr(self) -> list[float]:
-        return self.scheduler.get_last_lr()  # type: ignore[no-any-return]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
 
 
 class ZeRO3Awareness:
@@ -242,30 +135,104 @@ def register_zero3_awareness(awareness: ZeRO3Awareness) -> bool:
 
 
 class DeepSpeedStrategy(Strategy):
-    """Train through a DeepSpeed engine. Config: a `DeepSpeedPlugin`, a config dict, or a path."""
+    """Train through DeepSpeed engines. Config: a `DeepSpeedPlugin`, a config dict, a path, or several
+    plugins by name (`{name: DeepSpeedPlugin}`: one engine per plugin, e.g. an RLHF actor and its frozen
+    reference model; the first is active until `select_plugin` picks another)."""
 
     name: ClassVar[str] = "deepspeed"
     scales_loss_for_accumulation: ClassVar[bool] = False
     owns_loss_scaling: ClassVar[bool] = True
+    compiles_model: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
-        if config is None:
-            config = DeepSpeedPlugin()
-        elif isinstance(config, (dict, str, Path)):
-            config = DeepSpeedPlugin(hf_ds_config=config)
-        elif not isinstance(config, DeepSpeedPlugin):
-            raise TypeError(f"The deepspeed strategy takes a DeepSpeedPlugin, a dict or a path; got {type(config)}.")
+        plugins, named = plugins_from_config(config)
         super().__init__(config)
-        self.plugin: DeepSpeedPlugin = config
-        self.engine: Any = None
-        self.ds_config: dict[str, Any] | None = None
+        self.plugins: dict[str, DeepSpeedPlugin] = plugins
+        """Every plugin by name (`DEFAULT_PLUGIN` for one given alone)."""
+        self.named_plugins = named
+        """Whether the plugins were given by name (`deepspeed_plugins={name: plugin}`)."""
+        self._active = next(iter(plugins))
+        for plugin in plugins.values():
+            plugin._unselect()
+        plugins[self._active].select(_from_accelerator_state=True)
+        self.engines: list[EngineRecord] = []
+        """Every engine built, in the order their models were prepared."""
+        self._stepped: Any = None
         self._accumulation_steps: int | None = None
         self._warned_clipping = False
         self._device_type = "cpu"
-        # ZeRO-3 aware construction of transformers models (zero3_init_flag); kept alive here.
+        # ZeRO-3 aware construction of transformers models (zero3_init_flag); kept alive here. It reads
+        # the active plugin, so selecting another plugin switches it too.
         self.zero3_awareness = ZeRO3Awareness(self)
-        if self.plugin.zero_stage_resolved == 3:
+        if any(p.zero_stage_resolved == 3 for p in plugins.values()):
             register_zero3_awareness(self.zero3_awareness)
+
+    # ---- plugins and engines ------------------------------------------------------------
+    @property
+    def plugin(self) -> DeepSpeedPlugin:
+        """The active plugin: the next model `prepare` sees goes into an engine built from it."""
+        return self.plugins[self._active]
+
+    @property
+    def active_plugin_name(self) -> str:
+        """The active plugin's name (`DEFAULT_PLUGIN` for a plugin given alone)."""
+        return self._active
+
+    def get_plugin(self, name: str | None) -> DeepSpeedPlugin:
+        """The plugin called `name` (for a plugin given alone: None or `DEFAULT_PLUGIN`).
+
+        Raises:
+            UnknownDeepSpeedPluginError: (a KeyError) no plugin by that name; the message lists the names.
+        """
+        key = DEFAULT_PLUGIN if name is None and not self.named_plugins else name
+        if key not in self.plugins:
+            given = (
+                f"the names {list(self.plugins)}" if self.named_plugins else "one plugin, given as deepspeed_plugin="
+            )
+            raise UnknownDeepSpeedPluginError(
+                f"No DeepSpeed plugin named {name!r}: this Accelerator has {given}. Pass one of those names, or give "
+                "every plugin a name in `Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...), ...})`."
+            )
+        return self.plugins[key]
+
+    def select_plugin(self, name: str | None) -> None:
+        """Make the plugin called `name` the active one (the others are unselected).
+
+        Raises:
+            UnknownDeepSpeedPluginError: no plugin by that name (nothing changes).
+        """
+        chosen = self.get_plugin(name)
+        for plugin in self.plugins.values():
+            plugin._unselect()
+        chosen.select(_from_accelerator_state=True)
+        self._active = next(k for k, v in self.plugins.items() if v is chosen)
+
+    def _record(self, model: Any) -> EngineRecord | None:
+        return next((r for r in self.engines if r.engine is model), None)
+
+    @property
+    def engine(self) -> Any:
+        """The engine `Accelerator.backward` runs: the first one prepared with an optimizer, else the first one
+        (None before any). Accelerate uses the first engine whatever it is; with the frozen reference model
+        prepared first that would step the wrong engine."""
+        return self._stepped
+
+    @property
+    def ds_config(self) -> dict[str, Any] | None:
+        """The resolved config of `engine` (None before any engine)."""
+        record = self._record(self.engine)
+        return None if record is None else record.config
+
+    def engine_config(self, model: Any) -> dict[str, Any]:
+        """The resolved config of the engine `model` (a prepared model).
+
+        Raises:
+            ValueError: `model` is not an engine this strategy built.
+        """
+        record = self._record(model)
+        if record is None:
+            raise ValueError("engine_config takes a model returned by `accelerator.prepare` under DeepSpeed.")
+        return record.config
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from ..distributed_type import DistributedType
@@ -278,9 +245,17 @@ class DeepSpeedStrategy(Strategy):
 
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
         models = [o for o in objects if isinstance(o, torch.nn.Module) and not self.is_wrapped(o)]
-        if len(models) + (self.engine is not None) > 1:
+        if len(models) > 1:
             # Accelerate 1.15 raises AssertionError here (not ValueError); scripts catch that type.
             raise AssertionError(MULTIPLE_MODELS)
+        if models and any(r.plugin_name == self._active for r in self.engines):
+            # Accelerate would build a second engine from the same plugin and keep stepping the first one in
+            # `backward`; accel refuses, with Accelerate's text first and then what to do.
+            raise AssertionError(
+                f"{MULTIPLE_MODELS}: the active DeepSpeed plugin ({self._active!r}) already has an engine. Give each "
+                "further model a plugin of its own, `Accelerator(deepspeed_plugins={'actor': plugin, 'reference': "
+                "other})`, and call `accelerator.state.select_deepspeed_plugin('reference')` before preparing it."
+            )
         has_optimizer = any(isinstance(o, torch.optim.Optimizer) for o in objects)
         if has_optimizer and not models:
             raise ValueError(
@@ -302,12 +277,13 @@ class DeepSpeedStrategy(Strategy):
         model = group.model
         if model is None or self.is_wrapped(model):
             return group
+        plugin = self.plugin
         client_opt = group.optimizers[0] if group.optimizers else None
         client_sched = group.schedulers[0] if group.schedulers else None
         dummy_opt = client_opt if isinstance(client_opt, DummyOptim) else None
         dummy_sched = client_sched if isinstance(client_sched, DummyScheduler) else None
-        self.ds_config = config = resolve_config(
-            self.plugin,
+        config = resolve_config(
+            plugin,
             AcceleratorValues(
                 micro_batch_size=_micro_batch_size(prepared, ctx.num_processes),
                 gradient_accumulation_steps=ctx.gradient_accumulation_steps,
@@ -323,8 +299,6 @@ class DeepSpeedStrategy(Strategy):
             adapter_defaults=ctx.adapter_defaults,
         )
         scheduler_arg = _scheduler_argument(config, client_sched, dummy_sched, dummy_opt)
-        # `accumulate` must reach a boundary exactly when the engine does (`accumulation_steps`).
-        self._accumulation_steps = int(config["gradient_accumulation_steps"])
 
         deepspeed = self._init_distributed(ctx.adapter.backend)
         ds_client_optimizer = client_opt
@@ -343,13 +317,46 @@ class DeepSpeedStrategy(Strategy):
             config=config,
             dist_init_required=False,
         )
-        self.engine = engine
+        previous = self._record(self._stepped)
+        self.engines.append(
+            EngineRecord(
+                engine=engine, plugin_name=self._active, plugin=plugin, config=config, trains=client_opt is not None
+            )
+        )
+        if previous is None or (client_opt is not None and not previous.trains):
+            self._stepped = engine
+            # `accumulate` must reach a boundary exactly when the engine `backward` steps does.
+            self._accumulation_steps = int(config["gradient_accumulation_steps"])
+        if previous is not None and client_opt is not None:
+            logging.getLogger("accel").warning(
+                "A wrapped DeepSpeed engine reference is currently tied for this `Accelerator()` instance. If you "
+                "want to call `accelerator.backward()` referencing a new model/engine, please create a separate "
+                "`Accelerator()` instance and call `accelerator.prepare()` on it."
+            )
+        self._compile_engine(engine, ctx)
         optimizers = [DeepSpeedOptimizerWrapper(engine_opt)] if client_opt is not None else []
         schedulers = [DeepSpeedSchedulerWrapper(engine_sched, engine_opt)] if client_sched is not None else []
         return group.replace(model=engine, optimizers=optimizers, schedulers=schedulers)
 
+    def _compile_engine(self, engine: Any, ctx: RunContext) -> None:
+        """Compile the engine's module once DeepSpeed has built it, as Accelerate does: `engine.compile` with
+        the run's backend and settings, or each repeated block in place under regional compilation."""
+        plugin = ctx.adapter.dynamo_settings(ctx.dynamo_plugin)
+        if plugin is None or plugin.backend in (None, "no"):
+            return
+        from ..compile import compile_kwargs, compile_regions_in_place
+
+        kwargs = compile_kwargs(plugin, default_backend=ctx.adapter.compile_backend())
+        if plugin.use_regional_compilation:
+            compile_regions_in_place(engine.module, **kwargs)
+            return
+        backend = kwargs.pop("backend")
+        extra = {"compiled_autograd_enabled": True} if ctx.adapter.compiled_autograd() else {}
+        engine.compile(backend=backend, compile_kwargs=kwargs, **extra)
+
     def accumulation_steps(self) -> int | None:
-        """The config's `gradient_accumulation_steps` once the engine is built (it wins over the Accelerator's)."""
+        """The config's `gradient_accumulation_steps` of the engine `backward` steps, once built (it wins over
+        the Accelerator's)."""
         return self._accumulation_steps
 
     def _init_distributed(self, backend: str) -> Any:
@@ -370,7 +377,7 @@ class DeepSpeedStrategy(Strategy):
         return model.module if self.is_wrapped(model) else model  # type: ignore[return-value]
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
-        return self.engine is not None and model is self.engine
+        return any(r.engine is model for r in self.engines)
 
     # ---- the step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
@@ -401,8 +408,8 @@ class DeepSpeedStrategy(Strategy):
         return torch.as_tensor(float("nan") if norm is None else float(norm))
 
     # ---- weights and checkpoints --------------------------------------------------------
-    def _is_zero3(self) -> bool:
-        return self.engine is not None and self.engine.zero_optimization_stage() == 3
+    def _is_zero3(self, engine: Any) -> bool:
+        return engine is not None and engine.zero_optimization_stage() == 3
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full weights on CPU: gathered from the shards under ZeRO-3 (collective: call on every rank).
@@ -414,7 +421,9 @@ class DeepSpeedStrategy(Strategy):
         if not self.is_wrapped(model):
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         deepspeed = import_deepspeed(self._device_type)
-        if self.plugin.zero3_save_16bit_model is False:
+        record = self._record(model)
+        plugin = self.plugin if record is None else record.plugin
+        if plugin.zero3_save_16bit_model is False:
             from deepspeed.utils import safe_get_full_fp32_param
 
             names = dict(module.named_parameters())
@@ -424,26 +433,43 @@ class DeepSpeedStrategy(Strategy):
                 full = safe_get_full_fp32_param(param) if param is not None else value
                 state[key] = full.detach().cpu().clone()
             return state
-        params = list(module.parameters()) if self._is_zero3() else []
+        params = list(module.parameters()) if self._is_zero3(model) else []
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+    def _checkpointed(self) -> list[tuple[str, Any]]:
+        """(tag, engine) for each engine DeepSpeed can checkpoint, tagged as Accelerate tags them
+        (`pytorch_model`, then `pytorch_model_<i>` for the i-th engine). A ZeRO-3 engine built without an
+        optimizer (a frozen reference model) has no checkpoint engine in DeepSpeed: its weights never
+        change, so it is left out of `save_state` and kept as built by `load_state`."""
+        return [
+            (CHECKPOINT_TAG if i == 0 else f"{CHECKPOINT_TAG}_{i}", r.engine)
+            for i, r in enumerate(self.engines)
+            if getattr(r.engine, "checkpoint_engine", None) is not None
+        ]
 
     def save_checkpoint_state(
         self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
-        if self.engine is None:
+        if not self.engines:
             return None
         # The engine's own format: each rank writes its ZeRO shard next to rank 0's module states.
-        self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, save_latest=False)
-        return [CHECKPOINT_TAG]
+        tags = []
+        for tag, engine in self._checkpointed():
+            engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
+            tags.append(tag)
+        return tags
 
     def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
-        if self.engine is None:
+        if not self.engines:
             return False
-        verify_engine_checkpoint(directory / CHECKPOINT_TAG)
-        path, _ = self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_module_strict=strict)
-        if path is None:
-            raise CheckpointError(f"DeepSpeed could not load the checkpoint in {directory / CHECKPOINT_TAG}.")
+        engines = self._checkpointed()
+        for tag, _ in engines:
+            verify_engine_checkpoint(directory / tag)
+        for tag, engine in engines:
+            path, _ = engine.load_checkpoint(str(directory), tag=tag, load_module_strict=strict)
+            if path is None:
+                raise CheckpointError(f"DeepSpeed could not load the checkpoint in {directory / tag}.")
         return True
 
     # ---- building large models ----------------------------------------------------------
@@ -474,31 +500,6 @@ class DeepSpeedStrategy(Strategy):
         if offload not in (None, "none", "auto"):
             config["zero_optimization"]["offload_param"] = {"device": offload}
         return config
-
-
-def verify_engine_checkpoint(directory: Path) -> None:
-    """Refuse an engine checkpoint whose files would run code when DeepSpeed unpickles them.
-
-    Raises:
-        CheckpointError: the directory is missing, or a file is damaged.
-        UnsafeCheckpointError: a file references a class or function beyond tensors, plain
-            containers and DeepSpeed's own plain-data classes. Nothing in it was run.
-    """
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory.parent} has no DeepSpeed checkpoint ({directory.name}/ is missing).")
-    for path in sorted(directory.glob("*.pt")):
-        try:
-            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except Exception as exc:
-            raise CheckpointError(
-                f"Checkpoint file {path} could not be read ({exc}); it is truncated or corrupted."
-            ) from exc
-        unknown = sorted(set(found) - ENGINE_CHECKPOINT_GLOBALS)
-        if unknown:
-            raise UnsafeCheckpointError(
-                f"Refusing to load {path}: it references {unknown}, which DeepSpeed's loader would import and run "
-                "(unrestricted pickle). Nothing in it was run. Only load checkpoints you trust."
-            )
 
 
 def _micro_batch_size(prepared: Prepared, num_processes: int) -> int | None:

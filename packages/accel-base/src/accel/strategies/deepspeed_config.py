@@ -72,6 +72,7 @@ class DeepSpeedPlugin:
     Sets `stage3_gather_16bit_weights_on_model_save`. Default True."""
     extra_config: dict[str, Any] = field(default_factory=dict)
     """Merged into the config last (keys the plugin has no field for)."""
+    _selected: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
@@ -92,6 +93,37 @@ class DeepSpeedPlugin:
                 "DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it to False.", stacklevel=3
             )
             self.zero3_init_flag = False
+
+    @property
+    def selected(self) -> bool:
+        """Whether this is the Accelerator's active plugin: the one the next model is prepared with (the
+        first of `Accelerator(deepspeed_plugins={name: plugin, ...})` until
+        `accelerator.state.select_deepspeed_plugin(name)` picks another). Read-only, as in Accelerate."""
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        raise NotImplementedError(
+            "'enabled' can only be set through calling 'AcceleratorState().enable_deepspeed_plugin(key)'. "
+            "(That method is named `select_deepspeed_plugin(name)` in Accelerate 1.15 and in accel.)"
+        )
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Mark this plugin active; only `AcceleratorState.select_deepspeed_plugin(name)` may call it.
+
+        Raises:
+            ValueError: called directly (Accelerate's message): select a plugin through the state.
+        """
+        if not _from_accelerator_state:
+            raise ValueError(
+                "A `DeepSpeedPlugin` object must be enabled manually by calling "
+                "`AcceleratorState().enable_deepspeed_plugin(plugin_key)`. "
+                "(That method is named `select_deepspeed_plugin(name)` in Accelerate 1.15 and in accel.)"
+            )
+        self._selected = True
+
+    def _unselect(self) -> None:
+        self._selected = False
 
     def is_zero3_init_enabled(self) -> bool:
         """Whether models are partitioned as they are built (`zero3_init_flag`, resolved)."""
@@ -139,6 +171,24 @@ class DeepSpeedPlugin:
         if self.zero_stage is not None:
             return self.zero_stage
         return DEFAULT_ZERO_STAGE if config_stage == AUTO else int(config_stage)
+
+
+def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
+    """The active DeepSpeed plugin of `state` (an `AcceleratorState`): the one the next prepared model is
+    built with (`state.select_deepspeed_plugin(name)` changes it).
+
+    Raises:
+        ValueError: the Accelerator does not use DeepSpeed (Accelerate's message).
+    """
+    plugin = getattr(state, "deepspeed_plugin", None)
+    if plugin is None:
+        raise ValueError(
+            "Couldn't retrieve the active `DeepSpeedPlugin` as none were enabled. "
+            "Please make sure that either `Accelerator` is configured for `deepspeed` "
+            "or make sure that the desired `DeepSpeedPlugin` has been enabled "
+            "(`AcceleratorState().select_deepspeed_plugin(name)`) before calling this function."
+        )
+    return plugin  # type: ignore[no-any-return]
 
 
 def offloads_to_cpu_optimizer(config: dict[str, Any]) -> bool:

@@ -435,7 +435,7 @@ class AdapterConformanceSuite:
             if not name.endswith(":no"):
                 assert r["forward_restored"], "keep_fp32_wrapper=False must restore the original forward"
 
-    @kit_checks("compile", "compile_model", "compile_backend")
+    @kit_checks("compile", "compile_model", "dynamo_settings", "compile_backend")
     def test_compile(self, kit: KitRun) -> None:
         if not kit.capabilities.compile:
             pytest.skip("the adapter does not claim torch.compile (Capabilities.compile)")
