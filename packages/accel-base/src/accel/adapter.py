@@ -43,8 +43,9 @@ From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1
 - Added, each with a default: `data_parallel_name`/`data_parallel_type`, `availability_probes`,
   `default_strategy`, `strategy_aliases`, `options_class`, `accelerate_config_keys`, `precision_class`,
   `repoints_paired_optimizers`, `has_own_optimizer_step`, `before_process_group`,
-  `process_group_options`, `Capabilities.parallelism`, and the `PrepareContext` fields
-  `adapter_defaults`, `precision` and `optimizers`.
+  `process_group_options`, `dynamo_settings`, `compiled_autograd`, `Capabilities.parallelism`,
+  and the `PrepareContext` fields `adapter_defaults`, `precision`, `optimizers`, `backend` and
+  `device_placement_requested`.
 - Removed: `synchronize` and `memory_stats` (nothing called them; defining them is harmless), the
   `PrepareContext` fields `extras` and `ddp_output_device` (reading them raises AttributeError), and
   `backward` and `no_sync`: the backward pass and pausing gradient synchronisation belong to the
