@@ -10,17 +10,8 @@ import re
 import pytest
 import torch
 from accel import Accelerator
-from accel.state import AcceleratorState, GradientState, PartialState, is_initialized
+from accel.state import AcceleratorState, PartialState, is_initialized
 from conftest import launch
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def test_is_initialized_follows_the_accelerator_state() -> None:

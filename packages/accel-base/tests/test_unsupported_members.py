@@ -17,15 +17,6 @@ from accel.errors import AccelError
 from accel.state import AcceleratorState, GradientState, PartialState
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 @pytest.mark.parametrize(
     ("owner", "name"),
     [
