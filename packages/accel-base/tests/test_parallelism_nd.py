@@ -99,6 +99,11 @@ def run(name, pc, fsdp, out):
     # With FSDP options: the plugin; without: parallelism_config alone (FSDP2 underneath).
     acc = Accelerator(parallelism_config=pc, fsdp_plugin=FSDPConfig(**fsdp) if fsdp else None)
     assert acc.parallelism_config is pc
+    # As Accelerate reports it: FSDP when FSDP shards (dp_shard, cp, or FSDP options), else the hardware's
+    # data parallelism (tensor parallelism alone has no FSDP plugin in Accelerate either).
+    sharded = pc.dp_shard_enabled or pc.cp_enabled or bool(fsdp)
+    assert str(acc.distributed_type).endswith("FSDP" if sharded else "MULTI_CPU"), (name, acc.distributed_type)
+    assert acc.is_fsdp2 is sharded and (acc.state.fsdp_plugin is not None) is sharded, name
     mesh = acc.torch_device_mesh
     assert mesh.device_type == acc.device.type
     opt = make_opt(model.parameters())

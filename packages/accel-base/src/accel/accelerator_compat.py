@@ -81,8 +81,8 @@ class AcceleratorCompatMixin:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (the only FSDP accel has)."""
-        return str(getattr(self.state, "strategy_name", "")) == "fsdp2"
+        """Whether models are sharded with FSDP2 (the only FSDP accel has); False for tensor parallelism alone."""
+        return bool(self.state.is_fsdp2)
 
     @property
     def should_save_model(self) -> bool:

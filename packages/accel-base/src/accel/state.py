@@ -634,8 +634,12 @@ class AcceleratorState:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (the only FSDP accel has)."""
-        return str(self.__dict__.get("strategy_name", "")) == "fsdp2"
+        """Whether models are sharded with FSDP2 (the only FSDP accel has); False for tensor parallelism
+        alone, which runs on the fsdp2 strategy without sharding (Accelerate: no FSDP plugin there)."""
+        return (
+            str(self.__dict__.get("strategy_name", "")) == "fsdp2"
+            and getattr(self, "distributed_type", None) == DistributedType.FSDP
+        )
 
     @property
     def fsdp_plugin(self) -> Any:

@@ -312,6 +312,8 @@ class FSDP2Strategy(Strategy):
     def __init__(self, config: Any = None) -> None:
         from ..parallelism_config import ParallelismConfig
 
+        # Chosen for `Accelerator(parallelism_config=...)` alone, without FSDP options of the user's.
+        self._from_parallelism_config = isinstance(config, ParallelismConfig)
         if isinstance(config, ParallelismConfig):
             config = FSDPConfig(parallelism_config=config)
         if config is not None and not isinstance(config, FSDPConfig):
@@ -357,10 +359,17 @@ class FSDP2Strategy(Strategy):
         are created here and filled with rank 0's weights, so those ranks never hold the full model."""
         return bool(self.config.cpu_ram_efficient_loading)
 
-    def distributed_type(self, use_distributed: bool) -> DistributedType:
+    def distributed_type(self, use_distributed: bool) -> DistributedType | None:
         from ..distributed_type import DistributedType
 
-        return DistributedType.FSDP if use_distributed else DistributedType.NO
+        if not use_distributed:
+            return DistributedType.NO
+        pc = self.parallelism
+        if self._from_parallelism_config and pc is not None and not (pc.dp_shard_enabled or pc.cp_enabled):
+            # Tensor parallelism (with or without replicas) and no FSDP options: nothing is sharded by FSDP,
+            # and Accelerate 1.15 reports the hardware's data parallelism (MULTI_GPU, MULTI_CPU, ...) here.
+            return None
+        return DistributedType.FSDP
 
     # ---- prepare --------------------------------------------------------------------------
     def validate_prepare(self, objects: tuple[Any, ...], ctx: RunContext) -> None:
