@@ -28,7 +28,6 @@ HARDWARE = re.compile(
 MEMBER_OWNERS = ("Accelerator", "PartialState", "AcceleratorState", "GradientState")
 # Accelerate modules without an accel counterpart, and why.
 NO_MODULE = {
-    "accelerate.local_sgd": "local SGD is not implemented; synchronise every step or use gradient accumulation",
     "accelerate.checkpointing": "checkpoint internals: use `Accelerator.save_state` / `load_state` (accel.checkpoint)",
     "accelerate.big_modeling": "big-model inference is outside accel's scope",
     "accelerate.hooks": "big-model inference hooks (offloading, device maps) are outside accel's scope",

@@ -47,7 +47,7 @@ REASONS: dict[str, str] = {
     r"BnbQuantizationConfig|load_and_quantize_model|has_4bit_bnb_layers": _BIG_MODEL,
     r"prepare_pippy": "pipeline-parallel inference (PiPPy) is outside accel's scope",
     r"PrepareForLaunch|prepare_(\w+_cmd_env|multi_\w+_env|sagemager_args_inputs|t.u)": _LAUNCHER,
-    r"write_basic_config|ComputeEnvironment|SageMakerDistributedType": (
+    r"ComputeEnvironment|SageMakerDistributedType": (
         "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
         "Accelerate's; SageMaker is not supported"
     ),
@@ -58,7 +58,6 @@ REASONS: dict[str, str] = {
         "Megatron-LM support comes from the accel-megatron package (`pip install 'accel-megatron[megatron]'`)"
     ),
     r"MSAMPRecipeKwargs": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
-    r"LocalSGD": "local SGD is not implemented; synchronise every step or use gradient accumulation",
     r"DataLoaderAdapter|DataLoaderStateMixin|SkipDataLoader|SkipBatchSampler": (
         "accel's prepared loaders resume through `skip_first_batches(loader, n)` or "
         "`DataLoaderConfiguration(use_stateful_dataloader=True)`, without these wrapper classes"

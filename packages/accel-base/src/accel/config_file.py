@@ -291,3 +291,33 @@ def field_docs() -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
             docs[node.target.id] = " ".join(str(after.value.value).split())  # type: ignore[union-attr]
     return docs
+
+
+def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike[str] | None = None) -> Path | bool:
+    """Write a default config file without asking, as Accelerate's `write_basic_config` does (the code form of
+    `accel config default`).
+
+    The file holds `mixed_precision` and otherwise accel's defaults: `accel launch` then starts one process per
+    device of the adapter it finds (one on a CPU-only machine), the choice Accelerate writes out by hand.
+    `save_location` defaults to where `accel launch` looks (`ACCEL_CONFIG_FILE`, else
+    `~/.cache/accel/default_config.yaml`); pass another path to `accel launch --config_file`.
+
+    Returns:
+        The path written, or False when a file is already there (it is never overwritten; a message says so).
+
+    Raises:
+        ValueError: `mixed_precision` is not "no", "fp16", "bf16" or "fp8" (Accelerate's message).
+    """
+    path = Path(save_location).expanduser() if save_location is not None else default_config_path()
+    if path.exists():
+        print(
+            f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a "
+            "different `save_location`."
+        )
+        return False
+    mode = str(mixed_precision).lower()
+    if mode not in ("no", "fp16", "bf16", "fp8"):
+        raise ValueError(
+            f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}"
+        )
+    return save_accel_config(AccelConfig(mixed_precision=mode), path)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .compile import compile_regions, is_compiled_module
+from .config_file import write_basic_config
 from .data import skip_first_batches
 from .environment import (
     are_libraries_initialized,
@@ -374,5 +375,6 @@ __all__ = [
     "synchronize_rng_states",
     "torchao_required",
     "tqdm",
+    "write_basic_config",
     "wait_for_everyone",
 ]
