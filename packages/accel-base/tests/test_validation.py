@@ -192,3 +192,14 @@ def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps
     other = torch.nn.Linear(2, 2)
     stray = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     assert len(_prepare_warnings(Accelerator(cpu=True), other, torch.optim.SGD(other.parameters(), lr=0.1), stray)) == 1
+
+
+def test_save_state_keyword_arguments_without_a_model_save_function_are_named(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    with pytest.warns(UserWarning, match=r"save_state ignores \['exclude_frozen_parameters'\]: the 'ddp' strategy"):
+        path = accelerator.save_state(tmp_path / "ckpt", exclude_frozen_parameters=True)
+    assert Path(path).is_dir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        accelerator.save_state(tmp_path / "again")  # no keyword arguments: nothing to say

@@ -7,6 +7,7 @@ written for it runs with only the import changed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import warnings
@@ -976,13 +977,20 @@ class Accelerator(AcceleratorCompatMixin):
         return _HookHandle(self.prepared.load_state_pre_hooks, hook)
 
     def save_state(
-        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **_: Any
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
     ) -> str:
         """Save models, optimizers, schedulers, scaler, data positions, RNG and registered objects.
 
         With `ProjectConfiguration(automatic_checkpoint_naming=True)` and no `output_dir`, writes
         `<project_dir>/checkpoints/checkpoint_<n>` and prunes beyond `total_limit`. The
         directory appears only once complete. Returns its path.
+
+        `save_model_func_kwargs` go to the engine's own save where a strategy has one (DeepSpeed's
+        `save_checkpoint`, e.g. `exclude_frozen_parameters=True`), as in Accelerate; elsewhere they are
+        ignored with a warning naming them (Accelerate ignores them silently).
         """
         cfg = self.project_configuration
         if cfg.automatic_checkpoint_naming:
@@ -998,9 +1006,25 @@ class Accelerator(AcceleratorCompatMixin):
             raise ValueError(
                 "save_state needs `output_dir` (or ProjectConfiguration(automatic_checkpoint_naming=True))."
             )
-        path = ckpt.save_state(
-            self.prepared, self._run(), output_dir, step=self.step, safe_serialization=safe_serialization
-        )
+        run = self._run()
+        if save_model_func_kwargs:
+            taken = sorted(set(self.strategy.reserved_save_kwargs) & set(save_model_func_kwargs))
+            if taken:
+                raise ValueError(
+                    f"save_state({', '.join(f'{k}=...' for k in taken)}): accel sets these for the "
+                    f"{self.strategy.name!r} strategy's save itself (the checkpoint's directory and tags, so that "
+                    "load_state finds them); drop them."
+                )
+            if self.strategy.takes_save_kwargs:
+                run = dataclasses.replace(run, save_model_kwargs=dict(save_model_func_kwargs))
+            else:
+                warnings.warn(
+                    f"save_state ignores {sorted(save_model_func_kwargs)}: the {self.strategy.name!r} strategy has "
+                    "no model save function to pass them to (Accelerate passes them to DeepSpeed's save_checkpoint only).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        path = ckpt.save_state(self.prepared, run, output_dir, step=self.step, safe_serialization=safe_serialization)
         if cfg.automatic_checkpoint_naming:
             # Pruned only after the new checkpoint is complete: a crash mid-save must
             # leave the previous one loadable.

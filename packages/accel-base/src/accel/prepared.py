@@ -75,3 +75,6 @@ class RunContext:
     """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
     dynamo_plugin: TorchDynamoPlugin | None = None
     """The run's torch.compile settings, for a strategy that compiles its own engine (`compiles_model`)."""
+    save_model_kwargs: dict[str, Any] = field(default_factory=dict)
+    """In `save_checkpoint_state`: the keyword arguments the user gave `save_state` (Accelerate's
+    `save_model_func_kwargs`), for a strategy whose engine saves itself (`Strategy.takes_save_kwargs`)."""

@@ -421,3 +421,40 @@ def test_zero3_init_flag_partitions_transformers_models_as_they_are_built(write_
     proc = launch(write_script(ZERO3_INIT_FLAG), str(tmp_path), timeout=900)
     for marker in ("FROM_PRETRAINED partitioned", "FROM_CONFIG partitioned", "FLAG_OFF whole"):
         assert marker in proc.stdout, proc.stdout
+
+
+SAVE_KWARGS = """
+import sys
+from pathlib import Path
+import pytest, torch
+from accel import Accelerator
+from accel.strategies.deepspeed import DeepSpeedPlugin
+
+out = Path(sys.argv[1])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+model[0].requires_grad_(False)  # a frozen layer, as under PEFT
+acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+loader = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4)
+trainable = [p for p in model.parameters() if p.requires_grad]
+engine, opt, loader = acc.prepare(model, torch.optim.SGD(trainable, lr=0.1), loader)
+
+def module_keys(directory):
+    files = sorted(Path(directory).rglob("*model_states.pt"))
+    assert files, list(Path(directory).rglob("*"))
+    return set(torch.load(files[0], weights_only=False)["module"])
+
+acc.save_state(out / "all")
+acc.save_state(out / "trainable", exclude_frozen_parameters=True)  # Accelerate passes it to save_checkpoint
+assert {"0.weight", "0.bias"} <= module_keys(out / "all"), module_keys(out / "all")
+assert module_keys(out / "trainable") == {"1.weight", "1.bias"}, module_keys(out / "trainable")
+with pytest.raises(ValueError, match=r"save_state\\(tag=...\\): accel sets these for the 'deepspeed' strategy"):
+    acc.save_state(out / "tagged", tag="mine")
+assert not (out / "tagged").exists()
+acc.print("SAVE_KWARGS reach save_checkpoint")
+"""
+
+
+def test_save_state_keyword_arguments_reach_deepspeeds_save_checkpoint(write_script, tmp_path: Path):
+    proc = launch(write_script(SAVE_KWARGS), str(tmp_path), nproc=1, timeout=600)
+    assert "SAVE_KWARGS reach save_checkpoint" in proc.stdout, proc.stdout

@@ -185,6 +185,15 @@ class Strategy:
         """Load a full state dict (as `full_state_dict` returns) into the prepared model."""
         self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
+    takes_save_kwargs: ClassVar[bool] = False
+    """Whether `save_checkpoint_state` passes `ctx.save_model_kwargs` (the keyword arguments of
+    `Accelerator.save_state`) to its engine's save, as Accelerate does for DeepSpeed's `save_checkpoint`;
+    otherwise the Accelerator warns that they are ignored."""
+
+    reserved_save_kwargs: ClassVar[tuple[str, ...]] = ()
+    """Keyword arguments of the engine's save that accel sets itself (a checkpoint's directory and
+    tags): `save_state` refuses them with a ValueError before writing anything."""
+
     def save_checkpoint_state(
         self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:

@@ -140,6 +140,8 @@ class DeepSpeedStrategy(Strategy):
     reference model; the first is active until `select_plugin` picks another)."""
 
     name: ClassVar[str] = "deepspeed"
+    takes_save_kwargs: ClassVar[bool] = True
+    reserved_save_kwargs: ClassVar[tuple[str, ...]] = ("save_dir", "tag", "save_latest")
     scales_loss_for_accumulation: ClassVar[bool] = False
     owns_loss_scaling: ClassVar[bool] = True
     compiles_model: ClassVar[bool] = True
@@ -456,7 +458,8 @@ class DeepSpeedStrategy(Strategy):
         # The engine's own format: each rank writes its ZeRO shard next to rank 0's module states.
         tags = []
         for tag, engine in self._checkpointed():
-            engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
+            # The user's `save_state(**kwargs)` (e.g. exclude_frozen_parameters, client_state), as in Accelerate.
+            engine.save_checkpoint(str(directory), tag=tag, save_latest=False, **ctx.save_model_kwargs)
             tags.append(tag)
         return tags
 
