@@ -458,3 +458,35 @@ acc.print("SAVE_KWARGS reach save_checkpoint")
 def test_save_state_keyword_arguments_reach_deepspeeds_save_checkpoint(write_script, tmp_path: Path):
     proc = launch(write_script(SAVE_KWARGS), str(tmp_path), nproc=1, timeout=600)
     assert "SAVE_KWARGS reach save_checkpoint" in proc.stdout, proc.stdout
+
+
+DEEPSPEED_CONFIG_VIEW = """
+import torch
+from accel import Accelerator
+from accel.strategies.deepspeed import DeepSpeedPlugin
+
+user = {"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5}
+plugin = DeepSpeedPlugin(hf_ds_config=user, gradient_accumulation_steps=2)
+acc = Accelerator(deepspeed_plugin=plugin)
+config = acc.state.deepspeed_plugin.deepspeed_config
+assert acc.deepspeed_config is config
+# Before prepare: Accelerate's view, "auto" where prepare fills a value.
+assert config["train_micro_batch_size_per_gpu"] == "auto" and config["train_batch_size"] == "auto", config
+assert config["gradient_accumulation_steps"] == 2 and config["zero_optimization"]["stage"] == 1, config
+# Accelerate's way to run without a data loader in prepare: the micro batch set in the config.
+config["train_micro_batch_size_per_gpu"] = 3
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+engine, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+assert engine.train_micro_batch_size_per_gpu() == 3 and engine.gradient_accumulation_steps() == 2
+after = acc.deepspeed_config
+assert after is config and after["train_batch_size"] == 3 * 2 * acc.num_processes, after
+assert "auto" not in repr(after) and after["gradient_clipping"] == 0.5, after
+assert user == {"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5}, "the user's dict is not touched"
+acc.print("DEEPSPEED_CONFIG live view")
+"""
+
+
+def test_deepspeed_config_is_accelerates_live_view(write_script):
+    proc = launch(write_script(DEEPSPEED_CONFIG_VIEW), nproc=1, timeout=600)
+    assert "DEEPSPEED_CONFIG live view" in proc.stdout, proc.stdout

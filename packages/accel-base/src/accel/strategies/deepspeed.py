@@ -15,6 +15,7 @@ even where DeepSpeed would prefer oneCCL).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from pathlib import Path
@@ -325,6 +326,9 @@ class DeepSpeedStrategy(Strategy):
                 engine=engine, plugin_name=self._active, plugin=plugin, config=config, trains=client_opt is not None
             )
         )
+        # As in Accelerate, the plugin's `deepspeed_config` is now the engine's complete config.
+        plugin.user_config.clear()
+        plugin.user_config.update(copy.deepcopy(config))
         if previous is None or (client_opt is not None and not previous.trains):
             self._stepped = engine
             # `accumulate` must reach a boundary exactly when the engine `backward` steps does.

@@ -125,6 +125,26 @@ class DeepSpeedPlugin:
     def _unselect(self) -> None:
         self._selected = False
 
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config as a dict (Accelerate's `DeepSpeedPlugin.deepspeed_config`), live.
+
+        Before `prepare`: the user's config (`hf_ds_config`, copied) with this plugin's settings,
+        and "auto" for what `prepare` fills (the batch sizes; the accumulation steps unless set
+        here). A value set in it before `prepare` is used as if the config file held it, e.g.
+        `deepspeed_config["train_micro_batch_size_per_gpu"] = 4` for a run that prepares no data
+        loader. Once this plugin's engine is built: the complete config the engine was built
+        with, every "auto" filled.
+        """
+        config = self.user_config
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu"):
+            config.setdefault(key, AUTO)
+        config.setdefault("gradient_accumulation_steps", self.gradient_accumulation_steps or AUTO)
+        zero = config.setdefault("zero_optimization", {})
+        if self.zero_stage is not None:
+            zero.setdefault("stage", self.zero_stage)
+        return config
+
     def is_zero3_init_enabled(self) -> bool:
         """Whether models are partitioned as they are built (`zero3_init_flag`, resolved)."""
         return bool(self.zero3_init_flag)
