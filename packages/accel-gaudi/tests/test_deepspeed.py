@@ -158,11 +158,27 @@ def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch)
     assert any(not torch.equal(a, p.detach().float()) for a, p in zip(before, engine.parameters()))
 
 
+def train_beside_reference(acc, engine, opt, ref, ref_opt, *, tol: float) -> None:
+    """Three steps of the engine and of a plain-torch reference on the same batch; then the weights agree."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(4, 2)
+    for _ in range(3):
+        acc.backward(F.mse_loss(engine(x), y))
+        opt.step()
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    state = acc.get_state_dict(engine)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k], v, atol=tol, rtol=tol, msg=k)
+
+
 def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy_mode(monkeypatch):
     """One process, as Accelerate on HPU: offload + a torch AdamW trains DeepSpeed's CPU Adam in
     AdamW mode (not Habana's FusedAdamW) with the same update as torch's AdamW; lazy mode is refused."""
     import torch
-    import torch.nn.functional as F
     from accel import Accelerator
     from accel.state import AcceleratorState, GradientState
     from accel.strategies.deepspeed import DeepSpeedPlugin
@@ -188,16 +204,7 @@ def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy
     engine, opt, _ = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5), loader)
     assert type(engine.basic_optimizer) is DeepSpeedCPUAdam and engine.basic_optimizer.adam_w_mode is True
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, weight_decay=0.5)
-    x, y = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(4, 2)
-    for _ in range(3):
-        acc.backward(F.mse_loss(engine(x), y))
-        opt.step()
-        F.mse_loss(ref(x), y).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    state = acc.get_state_dict(engine)
-    for k, v in ref.state_dict().items():
-        torch.testing.assert_close(state[k], v, atol=1e-6, rtol=1e-6, msg=k)
+    train_beside_reference(acc, engine, opt, ref, ref_opt, tol=1e-6)
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -207,7 +214,6 @@ def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
     turns on compiled autograd for its backward: the backward graph is captured, and training still
     equals plain SGD. Off, the backward runs eagerly."""
     import torch
-    import torch.nn.functional as F
     from accel import Accelerator
     from accel.strategies.deepspeed import DeepSpeedPlugin
     from torch import nn
@@ -231,15 +237,6 @@ def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
     engine, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
     assert engine.is_compiled and engine._is_compiled_autograd_enabled is enabled
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    x, y = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(4, 2)
-    for _ in range(3):
-        acc.backward(F.mse_loss(engine(x), y))
-        opt.step()
-        F.mse_loss(ref(x), y).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
+    train_beside_reference(acc, engine, opt, ref, ref_opt, tol=1e-5)
     captured = counters["compiled_autograd"]["captures"]
     assert (captured > 0) is enabled, dict(counters["compiled_autograd"])
-    state = acc.get_state_dict(engine)
-    for k, v in ref.state_dict().items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=1e-5, msg=k)
