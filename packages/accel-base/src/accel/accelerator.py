@@ -58,6 +58,7 @@ from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 from .state import AcceleratorState, DistributedType, GradientState
 from .strategies.base import Strategy
 from .strategies.deepspeed_config import DeepSpeedPlugin
+from .strategies.deepspeed_plugins import NO_PLUGINS
 from .trackers import TrackerHub
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
@@ -1192,9 +1193,7 @@ def _deepspeed_plugins(plugin: Any, plugins: Any) -> Any:
     if not isinstance(given, Mapping):
         return convert(given, "deepspeed_plugin")
     if not given:
-        raise ValueError(
-            "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
-        )
+        raise ValueError(NO_PLUGINS)
     converted = {str(name): convert(p, f"deepspeed_plugins[{name!r}]") for name, p in given.items()}
     if not all(isinstance(p, DeepSpeedPlugin) for p in converted.values()):
         raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")

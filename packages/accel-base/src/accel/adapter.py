@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from .adapter_options import AdapterOptions, AdapterOptionsError
 from .distributed_type import DistributedType
+from .precision import PRECISION_MODES
 
 if TYPE_CHECKING:
     from .kwargs import TorchDynamoPlugin
@@ -73,7 +74,7 @@ SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2})
 `PrepareContext` field, assigned to one, runs a strategy missing from its `capabilities.strategies`, or
 relies on a behaviour that changed (see `ADAPTER_API_VERSION`); any other version is refused by name."""
 
-PRECISIONS = ("no", "bf16", "fp16", "fp8")
+PRECISIONS = PRECISION_MODES
 
 
 @dataclass(kw_only=True, frozen=True)

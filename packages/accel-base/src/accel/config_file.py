@@ -316,7 +316,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         )
         return False
     mode = str(mixed_precision).lower()
-    if mode not in ("no", "fp16", "bf16", "fp8"):
+    if mode not in PRECISIONS:
         raise ValueError(
             f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}"
         )

@@ -83,6 +83,10 @@ def remove_autocast_wrapper(model: torch.nn.Module) -> None:
 _NOT_SET = object()
 
 
+PRECISION_MODES = ("no", "bf16", "fp16", "fp8")
+"""The mixed-precision modes a run can ask for (`Accelerator(mixed_precision=...)`); also `accel.adapter.PRECISIONS`."""
+
+
 class Precision:
     """The run's mixed precision, one object per Accelerator: the forward context, the fp16 loss
     scaling, unscaling, and the optimizer step (through the scaler and the adapter's own step).
@@ -105,18 +109,15 @@ class Precision:
         # Whether the adapter replaces the optimizer step (fp16 steps then go through it too).
         self.vendor_step = adapter is not None and adapter.has_own_optimizer_step()
 
-    MODES: tuple[str, ...] = ("no", "bf16", "fp16", "fp8")
-    """The mixed-precision modes a run can ask for (`Accelerator(mixed_precision=...)`)."""
-
     @classmethod
     def resolve(cls, requested: str | None, adapter: Any) -> str:
-        """The mode a run uses: `requested` (None: "no"), checked against `MODES` and the adapter.
+        """The mode a run uses: `requested` (None: "no"), checked against `PRECISION_MODES` and the adapter.
 
         Raises:
             ValueError: an unknown mode, or one the adapter does not support (says which it does).
         """
         mode = (requested or "no").lower()
-        if mode not in cls.MODES:
+        if mode not in PRECISION_MODES:
             raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {mode!r}.")
         if not adapter.supports_precision(mode):
             supported = sorted(adapter.capabilities.precisions)

@@ -16,6 +16,9 @@ from .deepspeed_config import DeepSpeedPlugin
 DEFAULT_PLUGIN = "default"
 """The name of a DeepSpeed plugin given alone (`deepspeed_plugin=plugin`)."""
 
+NO_PLUGINS = "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
+"""The error for an empty `deepspeed_plugins` mapping (refused by the Accelerator and by the strategy alike)."""
+
 
 @dataclass(kw_only=True)
 class EngineRecord:
@@ -47,9 +50,7 @@ def plugins_from_config(config: Any) -> tuple[dict[str, DeepSpeedPlugin], bool]:
     if isinstance(config, Mapping) and config and all(isinstance(v, DeepSpeedPlugin) for v in config.values()):
         return {str(k): v for k, v in config.items()}, True
     if isinstance(config, Mapping) and not config:
-        raise ValueError(
-            "deepspeed_plugins={} names no DeepSpeed plugin: pass `{name: DeepSpeedPlugin(...)}` with at least one."
-        )
+        raise ValueError(NO_PLUGINS)
     if isinstance(config, (dict, str, Path)):
         return {DEFAULT_PLUGIN: DeepSpeedPlugin(hf_ds_config=config)}, False
     raise TypeError(
