@@ -6,7 +6,7 @@
 The status of each name is read from accel itself (import the counterpart module, look the
 name up, instantiate an Accelerator for its members), so the table follows the code:
 supported, supported differently (how: NOTES below), provided by the hardware adapter
-packages, not supported (why: accel's own reason, `accel.compat_table`), or missing.
+packages, not supported (why: accel's own reason, `accel.compat.table`), or missing.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ NOTES = {
     "share the main process's (the checkpoint stays whole in one directory)",
     "fsdp_plugin": "accel's `FSDPConfig` (the FSDP2 settings in use) when sharding with FSDP2, else None",
     "tqdm": "needs tqdm installed",
-    "DataLoaderDispatcher": "in accel.data_dispatch; re-exported",
+    "DataLoaderDispatcher": "in accel.data.dispatch; re-exported",
     "GeneralTracker": "in accel.trackers; re-exported by accel.tracking",
 }
 
@@ -109,7 +109,7 @@ def accel_module(name: str) -> str | None:
 
 
 def status(owner: str, name: str, objects: dict[str, Any]) -> tuple[str, str]:
-    from accel.compat_table import Unsupported, reason_for
+    from accel.compat.table import Unsupported, reason_for
 
     if owner in NO_MODULE:
         return "not supported", reason_for(name) or NO_MODULE[owner]

@@ -56,7 +56,7 @@ def test_configuration_objects_are_converted() -> None:
 def test_an_object_accel_cannot_take_over_is_refused_naming_the_accel_import() -> None:
     import accel
     import accelerate.utils
-    from accel.accelerate_objects import AccelerateObjectError
+    from accel.compat.objects import AccelerateObjectError
 
     # Every field of Accelerate 1.15's plugins now has an accel counterpart: a later Accelerate
     # field is stood in for by a subclass (reported as Accelerate's) that adds one.
@@ -147,7 +147,7 @@ def test_an_accelerate_object_that_is_not_a_tracker_is_refused_by_name() -> None
     import accel
     import accelerate.tracking
     import accelerate.utils
-    from accel.accelerate_objects import AccelerateObjectError
+    from accel.compat.objects import AccelerateObjectError
 
     with pytest.raises(
         AccelerateObjectError, match=r"ProjectConfiguration \(from the real accelerate package\) is not a tracker"

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import torch
-from accel.checkpoint import list_checkpoints
+from accel.checkpoint.state import list_checkpoints
 from safetensors.torch import load_file
 
 KILL_AT_STEP = 7  # after the checkpoint of step 5, in the second epoch (6 batches per rank and epoch)

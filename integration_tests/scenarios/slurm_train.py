@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from accel import Accelerator
-from accel.launch_env import read_launch_env
+from accel.distributed.launch_env import read_launch_env
 from accel.utils import set_seed
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from accel import Accelerator
 from accel.state import AcceleratorState, GradientState
-from accel.strategies.deepspeed import DeepSpeedPlugin
+from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accel import Accelerator, DataLoaderConfiguration
-from accel.checkpoint import MANIFEST
+from accel.checkpoint.state import MANIFEST
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 

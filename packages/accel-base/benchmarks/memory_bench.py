@@ -24,7 +24,7 @@ import json
 import torch
 import torch.distributed as dist
 from accel import Accelerator
-from accel.strategies.deepspeed import DeepSpeedPlugin
+from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
 
 
 def live_tensor_bytes() -> int:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from accel import accelerate_env
-from accel.accelerate_env import apply_accelerate_env, launch_defaults
-from accel.accelerate_settings import SettingError
+from accel.compat import env as accelerate_env
+from accel.compat.env import apply_accelerate_env, launch_defaults
+from accel.compat.settings import SettingError
 from accel.strategies.fsdp import FSDPConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
@@ -180,7 +180,7 @@ def test_megatron_degrees_from_accelerate_launch_become_the_plugin(megatron_plug
         "recompute_activations": False,
         "gradient_clipping": 1.0,
     }
-    from accel.accelerate_env import strategy_config_from_json
+    from accel.compat.env import strategy_config_from_json
 
     plugin = strategy_config_from_json("megatron", env["ACCEL_STRATEGY_CONFIG"])
     assert isinstance(plugin, megatron_plugin) and (plugin.tp_degree, plugin.pp_degree) == (2, 2)

@@ -343,7 +343,7 @@ def test_get_module_children_bottom_up_with_names() -> None:
 
 
 def test_torch_dynamo_plugin_disable_prepares_without_compiling() -> None:
-    from accel.compile import is_compiled_module
+    from accel.prepare.compile import is_compiled_module
     from accel.utils import TorchDynamoPlugin
 
     plugin = TorchDynamoPlugin(backend="eager", disable=True)
@@ -407,7 +407,7 @@ def test_get_gpu_info_counts_the_accelerator_devices(monkeypatch: pytest.MonkeyP
 
 
 def test_is_bnb_available_compares_min_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    import accel.imports as imports
+    import accel.compat.imports as imports
 
     monkeypatch.setattr(imports, "_bnb_installed", lambda: True)
     monkeypatch.setattr(imports.importlib.metadata, "version", lambda name: "0.40.0")

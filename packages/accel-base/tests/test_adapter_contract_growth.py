@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from accel import registry
-from accel.adapters.cpu import CPUAdapter
+from accel.adapter import registry
+from accel.adapter.cpu import CPUAdapter
 from accel.errors import AccelError, AdapterUnavailableError
 from conftest import launch
 
@@ -52,7 +52,7 @@ def test_accel_launch_reports_a_broken_plugin_in_one_line(write_script: Any, tmp
     dist_info = tmp_path / "plugins" / "accel_brokenx-0.0.dist-info"
     dist_info.mkdir(parents=True)
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: accel-brokenx\nVersion: 0.0\n")
-    (dist_info / "entry_points.txt").write_text("[accel.adapters]\nbrokenx = accel_no_such_module_xyz:Adapter\n")
+    (dist_info / "entry_points.txt").write_text("[accel.adapter]\nbrokenx = accel_no_such_module_xyz:Adapter\n")
     path = os.pathsep.join(p for p in (str(dist_info.parent), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, registry.REPORTED_VARIABLE: ""}
     proc = launch(write_script(BROKEN_WORKER), env=env, timeout=120)
@@ -74,7 +74,7 @@ def test_only_a_launched_child_of_the_reporter_stays_quiet(monkeypatch: pytest.M
 
 HOOKED = """
 import torch.distributed as dist
-from accel.adapters.cpu import CPUAdapter
+from accel.adapter.cpu import CPUAdapter
 calls = []
 CPUAdapter.before_process_group = lambda self, device: calls.append(("before", dist.is_initialized(), str(device)))
 def options(self, device):

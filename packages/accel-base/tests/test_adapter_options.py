@@ -1,4 +1,4 @@
-"""The options base every adapter declares its settings with (`accel.adapter_options`), and the
+"""The options base every adapter declares its settings with (`accel.adapter.options`), and the
 base `Adapter`'s defaults built on it: options parsed into `config`, launch flags, and device
 calls forwarded to the vendor module."""
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
-from accel.adapter import Adapter
-from accel.adapter_options import AdapterOptions, AdapterOptionsError, option
+from accel.adapter.base import Adapter
+from accel.adapter.options import AdapterOptions, AdapterOptionsError, option
 from accel.errors import AccelError
 
 

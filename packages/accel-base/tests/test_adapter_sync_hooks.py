@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from accel import Accelerator
-from accel.adapter import Adapter
+from accel.adapter.base import Adapter
 from accel.state import PartialState
 
 

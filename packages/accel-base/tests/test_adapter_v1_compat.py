@@ -1,7 +1,7 @@
 """An adapter built for version 1 of the adapter contract still trains; any other version is refused by name.
 
 The adapters here are installed the way a package installs them: a `*.dist-info` directory with
-an `accel.adapters` entry point, put on `sys.path` for the test (see `installed_package`).
+an `accel.adapter` entry point, put on `sys.path` for the test (see `installed_package`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from accel import Accelerator, AdapterNotFoundError, registry
-from accel.adapter import ADAPTER_API_VERSION, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Capabilities
+from accel import Accelerator, AdapterNotFoundError
+from accel.adapter import registry
+from accel.adapter.base import ADAPTER_API_VERSION, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Capabilities
 from accel.errors import StrategyNotFoundError
-from accel.prepare import PrepareContext
+from accel.prepare.context import PrepareContext
 from accel.strategies.ddp import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -133,7 +134,7 @@ def installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     )
     points = {cls.name: f"{__name__}:{cls.__name__}" for cls in adapters}
     (info / "entry_points.txt").write_text(
-        "[accel.adapters]\n"
+        "[accel.adapter]\n"
         + "".join(f"{name} = {value}\n" for name, value in points.items())
         + f"[accel.strategies]\n{VersionOneStrategy.name} = {__name__}:{VersionOneStrategy.__name__}\n"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import accel
 import pytest
 from accel import accelerator as accelerator_module
-from accel import checkpoint
+from accel.checkpoint import state as checkpoint
 from accel.strategies.base import Strategy
 
 SRC = Path(accel.__file__).parent
@@ -155,7 +155,7 @@ def test_strategy_hooks_never_take_the_accelerator(hook: str) -> None:
 def test_pairing_has_one_strategy_entry_and_gradients_no_adapter_hook() -> None:
     """A strategy pairs models with optimizers and schedulers only in `setup`; the backward pass and
     pausing gradient synchronisation are the strategy's alone (the adapter has no such hooks)."""
-    from accel.adapter import REMOVED_ADAPTER_HOOKS, Adapter
+    from accel.adapter.base import REMOVED_ADAPTER_HOOKS, Adapter
     from accel.strategies.base import REMOVED_STRATEGY_HOOKS
 
     assert not any(hasattr(Strategy, hook) for hook in REMOVED_STRATEGY_HOOKS)

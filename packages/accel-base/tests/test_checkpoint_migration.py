@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from accel.checkpoint import MANIFEST
-from accel.checkpoint_layout import REPLACED, STAGING
+from accel.checkpoint.layout import REPLACED, STAGING
+from accel.checkpoint.state import MANIFEST
 from accel.errors import CheckpointError
 from safetensors.torch import save_file
 from test_checkpoint_reliability import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, ProjectConfiguration
-from accel.checkpoint import MANIFEST, TMP_SUFFIX, list_checkpoints
-from accel.checkpoint_layout import STAGING
+from accel.checkpoint.layout import STAGING
+from accel.checkpoint.state import MANIFEST, TMP_SUFFIX, list_checkpoints
 from accel.errors import CheckpointError
 from accel.state import AcceleratorState, GradientState
 from conftest import launch

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from accel import Accelerator, checkpoint_validate
-from accel import checkpoint as ckpt
+from accel import Accelerator
+from accel.checkpoint import state as ckpt
+from accel.checkpoint import validate as checkpoint_validate
 
 
 class _Counter:

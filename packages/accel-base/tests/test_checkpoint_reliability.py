@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 import torch
-from accel import Accelerator, checkpoint_io, checkpoint_layout
-from accel.checkpoint import MANIFEST
-from accel.checkpoint_layout import REPLACED, STAGING
+from accel import Accelerator
+from accel.checkpoint import io as checkpoint_io
+from accel.checkpoint import layout as checkpoint_layout
+from accel.checkpoint.layout import REPLACED, STAGING
+from accel.checkpoint.state import MANIFEST
 from accel.errors import CheckpointError
 from accel.state import AcceleratorState, GradientState
 from conftest import launch

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, ProjectConfiguration
-from accel.checkpoint import MANIFEST, list_checkpoints
-from accel.checkpoint_layout import STAGING
+from accel.checkpoint.layout import STAGING
+from accel.checkpoint.state import MANIFEST, list_checkpoints
 from accel.errors import CheckpointError, UnsafeCheckpointError
 from conftest import launch
 
@@ -298,7 +298,7 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(write_script, tmp_path: Path
 def test_crash_between_the_renames_of_an_overwrite_still_loads(tmp_path: Path) -> None:
     # Overwriting moves the old checkpoint aside, then the new one into place; a crash between
     # the two leaves only `<dir>.accel-old`, which is complete and must still load.
-    from accel.checkpoint import OLD_SUFFIX
+    from accel.checkpoint.state import OLD_SUFFIX
 
     accelerator, model, _opt, _box = _trained()
     directory = Path(accelerator.save_state(tmp_path / "ckpt"))

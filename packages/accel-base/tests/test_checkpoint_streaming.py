@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from accel import Accelerator, checkpoint_io
+from accel import Accelerator
+from accel.checkpoint import io as checkpoint_io
 from accel.errors import CheckpointError
 
 MB = 1 << 20

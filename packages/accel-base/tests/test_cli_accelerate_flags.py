@@ -162,7 +162,7 @@ class _StandIn:
 
 
 def test_a_hardware_flag_declared_by_an_installed_adapter_names_it(monkeypatch, capsys, tmp_path: Path) -> None:
-    from accel import registry
+    from accel.adapter import registry
 
     script = tmp_path / "train.py"
     script.write_text("")
@@ -212,7 +212,7 @@ def test_a_non_selected_adapters_flags_are_an_error_naming_it(tmp_path: Path) ->
 
 
 def test_an_adapter_whose_flags_fail_is_left_out_unless_selected(monkeypatch, capsys, tmp_path: Path) -> None:
-    from accel import registry
+    from accel.adapter import registry
 
     class Broken:
         @classmethod

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from accel.accelerate_config import accelerate_launch_defaults
+from accel.adapter.registry import select_adapter
 from accel.cli import _launch_parser, build_torchrun_argv, main, worker_env
 from accel.commands import UsageError
 from accel.commands.launch_resolve import resolve
-from accel.config_file import AccelConfig, ConfigError, default_config_path, load_accel_config, read_yaml
-from accel.registry import select_adapter
+from accel.compat.config_file import accelerate_launch_defaults
+from accel.settings.config_file import AccelConfig, ConfigError, default_config_path, load_accel_config, read_yaml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "accelerate"
 
@@ -212,8 +212,8 @@ def test_the_tpu_file_loads_and_its_pod_keys_are_named_once() -> None:
 def test_an_installed_adapter_declares_its_hardwares_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """The adapter whose data_parallel_name is the file's distributed_type says which keys are harmless
     and which it refuses (the core names no hardware)."""
-    from accel import registry
-    from accel.adapters.cpu import CPUAdapter
+    from accel.adapter import registry
+    from accel.adapter.cpu import CPUAdapter
 
     class StandIn(CPUAdapter):
         name = "standin"

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 from accel import Accelerator, DataLoaderConfiguration
-from accel.data_dispatch import DataLoaderDispatcher
-from accel.data_iterable import IterableDatasetShard
+from accel.data.dispatch import DataLoaderDispatcher
+from accel.data.iterable import IterableDatasetShard
 from conftest import launch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -259,7 +259,7 @@ def test_two_ranks_exact_batches_and_gather_for_metrics(write_script) -> None:
 
 
 def test_drop_last_drops_an_incomplete_round_of_full_batches() -> None:
-    from accel.data import BatchSamplerShard
+    from accel.data.loader import BatchSamplerShard
     from torch.utils.data import BatchSampler, SequentialSampler
 
     # 12 samples, batches of 4, 2 ranks: the third batch has no partner; drop_last drops it

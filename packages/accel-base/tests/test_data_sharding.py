@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from accel.data import BatchSamplerShard, SeedableRandomSampler
+from accel.data.loader import BatchSamplerShard, SeedableRandomSampler
 from conftest import launch
 from torch.utils.data import BatchSampler, SequentialSampler
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from accel.kwargs import DistributedDataParallelKwargs
+from accel.settings.kwargs import DistributedDataParallelKwargs
 from accel.state import AcceleratorState
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -103,7 +103,7 @@ def test_mismatch_names_each_ranks_shape_and_dtype(write_script, tmp_path: Path)
             message = result["message"]
             name = "gather" if op == "gather_for_metrics" else "reduce" if op == "nest" else op
             assert f"Cannot apply `{name}` due to dtype mismatches" in message, message
-            assert f"Operation: `accel.ops.{name}`" in message
+            assert f"Operation: `accel.distributed.ops.{name}`" in message
             assert f"rank 0: {rank0}  (at " in message and f"rank 1: {rank1}  (at " in message, message
             assert "worker.py:" in message and "tensor.float()" in message
             assert "pad_across_processes`, or" not in message  # the shapes agree (pad: sizes may differ)

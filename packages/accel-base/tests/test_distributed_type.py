@@ -15,7 +15,7 @@ from pathlib import Path
 import accel.utils
 import pytest
 from accel import Accelerator, DistributedType
-from accel.adapters.cpu import CPUAdapter
+from accel.adapter.cpu import CPUAdapter
 from conftest import launch
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch.distributed as dist
-from accel.launch_env import LaunchInfo, read_launch_env
+from accel.distributed.launch_env import LaunchInfo, read_launch_env
 from accel.state import PartialState
 from conftest import launch
 

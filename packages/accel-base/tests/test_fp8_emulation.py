@@ -1,10 +1,10 @@
-"""`accel.fp8_emulation`: fp8 rounding and per-tensor scales, checked against hand-written references."""
+"""`accel.precision.fp8_emulation`: fp8 rounding and per-tensor scales, checked against hand-written references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from accel import fp8_emulation as f8
+from accel.precision import fp8_emulation as f8
 from torch import nn
 
 

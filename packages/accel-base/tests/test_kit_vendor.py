@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from accel.adapter import Adapter
+from accel.adapter.base import Adapter
 from accel.testing import AdapterConformanceSuite, KitRun
 from accel.testing.emulated import DeviceGenerators, current_device_setters, device_count_from_env, record_calls
 

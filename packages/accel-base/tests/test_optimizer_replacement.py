@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from accel import Accelerator
-from accel.adapters.cpu import CPUAdapter
+from accel.adapter.cpu import CPUAdapter
 
 
 class Fused(torch.optim.SGD):

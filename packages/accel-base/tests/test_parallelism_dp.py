@@ -7,16 +7,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from accel.adapters.cpu import CPUAdapter
-from accel.parallelism_config import MeshFacts, ParallelismConfig, with_parallelism
+from accel.adapter.cpu import CPUAdapter
 from accel.strategies.fsdp import FSDP2Strategy
+from accel.strategies.parallelism_config import MeshFacts, ParallelismConfig, with_parallelism
 from conftest import launch
 
 WORKER = r"""
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from accel import Accelerator, FSDPConfig, set_seed
-from accel.parallelism_config import ParallelismConfig
+from accel.strategies.parallelism_config import ParallelismConfig
 from accel.state import AcceleratorState, GradientState
 
 def batch(step):
@@ -148,7 +148,7 @@ def _accelerate_sizes(kwargs: dict, n: int, fsdp: bool) -> tuple[str, object]:
 
 
 def _accel_sizes(kwargs: dict, n: int, fsdp: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[str, object]:
-    from accel.parallelism_config import bind_parallelism
+    from accel.strategies.parallelism_config import bind_parallelism
 
     def run() -> dict:
         pc = ParallelismConfig(**kwargs)

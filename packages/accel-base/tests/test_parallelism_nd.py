@@ -4,9 +4,9 @@ one-process reference trained on the same global batches; exact resume under TP 
 from __future__ import annotations
 
 import pytest
-from accel.adapter import Capabilities
-from accel.parallelism_config import ParallelismConfig
+from accel.adapter.base import Capabilities
 from accel.state import AcceleratorState
+from accel.strategies.parallelism_config import ParallelismConfig
 from conftest import launch
 
 WORKER = r"""
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 from accel import Accelerator, FSDPConfig, set_seed
-from accel.parallelism_config import ParallelismConfig
+from accel.strategies.parallelism_config import ParallelismConfig
 from accel.state import AcceleratorState, GradientState
 
 D, H = 16, 4
@@ -287,7 +287,7 @@ def test_total_size_and_adapter_claims_are_checked():
 
 
 def _cpu_capabilities() -> Capabilities:
-    from accel.adapters.cpu import CPUAdapter
+    from accel.adapter.cpu import CPUAdapter
 
     caps = CPUAdapter.capabilities
     assert "cp" not in caps.parallelism and {"tp", "hsdp"} <= caps.parallelism
@@ -324,9 +324,9 @@ def test_fsdp_plugin_fields_are_mapped_or_refused():
 def test_launch_flags_and_config_keys_become_worker_environment(monkeypatch):
     import os
 
-    from accel.accelerate_config import _parallelism
     from accel.cli import _launch_parser
-    from accel.parallelism_config import launch_env
+    from accel.compat.config_file import _parallelism
+    from accel.strategies.parallelism_config import launch_env
 
     for name in ("ACCEL_USE_PARALLELISM_CONFIG", "ACCEL_PARALLELISM_TP_SIZE", "ACCEL_PARALLELISM_DP_SHARD_SIZE"):
         monkeypatch.setenv(name, "")  # restored (unset) after the test, whatever the parser sets
@@ -370,7 +370,7 @@ def test_parallelism_config_composes_on_fsdp2_only():
     from types import SimpleNamespace
 
     from accel import FSDPConfig
-    from accel.parallelism_config import with_parallelism
+    from accel.strategies.parallelism_config import with_parallelism
 
     plugin = FSDPConfig(reshard_after_forward=False)
     name, config = with_parallelism(ParallelismConfig(tp_size=2), "fsdp2", plugin)

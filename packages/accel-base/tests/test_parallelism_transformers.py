@@ -21,7 +21,7 @@ from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM
 from torch.distributed.tensor import DTensor
 from accel import Accelerator, set_seed
-from accel.parallelism_config import ParallelismConfig
+from accel.strategies.parallelism_config import ParallelismConfig
 from accel.state import AcceleratorState, GradientState
 
 CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 from accel import Accelerator, PrepareError
-from accel.adapters.cpu import CPUAdapter
-from accel.prepare_group import ParameterMap, PrepareGroup, group_objects
+from accel.adapter.cpu import CPUAdapter
+from accel.prepare.group import ParameterMap, PrepareGroup, group_objects
 from accel.strategies.base import Strategy
 
 

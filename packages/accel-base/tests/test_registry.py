@@ -16,15 +16,16 @@ from typing import ClassVar
 
 import pytest
 import torch
-from accel import Accelerator, AdapterNotFoundError, AdapterUnavailableError, registry
-from accel.adapter import ADAPTER_API_VERSION, Adapter, Availability
-from accel.adapters.cpu import CPUAdapter
+from accel import Accelerator, AdapterNotFoundError, AdapterUnavailableError
+from accel.adapter import registry
+from accel.adapter.base import ADAPTER_API_VERSION, Adapter, Availability
+from accel.adapter.cpu import CPUAdapter
 from accel.state import AcceleratorState
 
 # Other adapter packages of this repository may be installed too: read the names from the
 # installed distributions' metadata, leaving out the two test entry points that cannot load.
 INSTALLED = ", ".join(
-    sorted({ep.name for ep in importlib.metadata.entry_points(group="accel.adapters")} - {"broken", "notanadapter"})
+    sorted({ep.name for ep in importlib.metadata.entry_points(group="accel.adapter")} - {"broken", "notanadapter"})
 )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, DistributedSetupError, DistributedType
-from accel.launch_env import LaunchInfo, read_launch_env
+from accel.distributed.launch_env import LaunchInfo, read_launch_env
 from accel.state import AcceleratorState, GradientState, PartialState
 
 # Reports what the state saw, then proves the group is real with a collective.

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from accel import Accelerator, registry
-from accel.adapters.cpu import CPUAdapter
+from accel import Accelerator
+from accel.adapter import registry
+from accel.adapter.cpu import CPUAdapter
 from accel.errors import StrategyNotSupportedError
 
 GUIDE = Path(__file__).parents[3] / "docs" / "adapters.md"

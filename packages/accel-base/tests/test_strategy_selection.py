@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from accel import Accelerator
-from accel.adapter_options import AdapterOptionsError
+from accel.adapter.options import AdapterOptionsError
 from accel.errors import AccelError, AdapterNotFoundError, StrategyNotFoundError, StrategyNotSupportedError
 
 
@@ -20,7 +20,7 @@ def test_a_strategy_the_adapter_does_not_claim_is_refused(monkeypatch: pytest.Mo
 
 
 def test_the_adapter_names_the_default_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accel.adapters.cpu import CPUAdapter
+    from accel.adapter.cpu import CPUAdapter
 
     monkeypatch.setattr(CPUAdapter, "default_strategy", lambda self: "fsdp2")
     assert Accelerator().strategy.name == "fsdp2"

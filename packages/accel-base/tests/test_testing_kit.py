@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from accel import Accelerator
-from accel.adapter import Adapter, Capabilities
+from accel.adapter.base import Adapter, Capabilities
 from accel.testing import AdapterConformanceSuite, KitRun, hardware_twin, module_tree
 from accel.testing.catalogue import CASES, matches, run_case
 from accel.testing.problems import build_model

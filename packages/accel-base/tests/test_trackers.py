@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from accel import Accelerator
-from accel import trackers as accel_trackers
-from accel.trackers import GeneralTracker, register_tracker
+from accel.trackers import hub as accel_trackers
+from accel.trackers.hub import GeneralTracker, register_tracker
 from conftest import launch
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

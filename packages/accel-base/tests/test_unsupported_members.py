@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 from accel import Accelerator, DeepSpeedPlugin
-from accel.compat_table import AccelerateFeatureError, AccelerateNameError, missing_member, reason_for
+from accel.compat.table import AccelerateFeatureError, AccelerateNameError, missing_member, reason_for
 from accel.errors import AccelError
 from accel.state import AcceleratorState, GradientState, PartialState
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, GradientAccumulationPlugin, InitProcessGroupKwargs, ProjectConfiguration
-from accel.checkpoint import list_checkpoints
+from accel.checkpoint.state import list_checkpoints
 
 
 # ---- item 2: total_limit ------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps
     """A vendor that optimizes a model with its optimizer may keep the optimizer's tensors (as fp32
     masters) and give the model new ones (a low-precision, re-laid-out copy), re-pointing nothing:
     the optimizer still trains that model, so the check must not say it trains nothing."""
-    from accel.adapters.cpu import CPUAdapter
+    from accel.adapter.cpu import CPUAdapter
 
     def swap_the_models_tensors(self: CPUAdapter, model: torch.nn.Module, ctx: object) -> torch.nn.Module:
         for module in model.modules():

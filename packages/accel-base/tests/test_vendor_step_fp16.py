@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from accel import Accelerator, GradScalerKwargs
-from accel.adapters.cpu import CPUAdapter
+from accel.adapter.cpu import CPUAdapter
 
 
 def test_fp16_scaling_and_a_vendor_step_compose(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +40,7 @@ def test_fp16_scaling_and_a_vendor_step_compose(monkeypatch: pytest.MonkeyPatch)
 
 def test_one_precision_object_per_run_and_an_adapter_supplies_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Accelerator, its optimizers and `backward` share one `Precision`; an adapter's subclass is the one used."""
-    from accel.precision import Precision
+    from accel.precision.base import Precision
 
     calls: list[str] = []
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from accel.commands.config import launch_defaults_from_file
-from accel.config_file import load_accel_config
+from accel.settings.config_file import load_accel_config
 from accel.utils import write_basic_config
 
 

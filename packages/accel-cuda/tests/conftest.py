@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from accel import fp8_emulation
+from accel.precision import fp8_emulation
 from accel.state import AcceleratorState, GradientState
 from accel_cuda import cuda_emulated
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from accel import Accelerator, GradScalerKwargs, set_seed
-from accel.adapter import Adapter
-from accel.registry import select_adapter
+from accel.adapter.base import Adapter
+from accel.adapter.registry import select_adapter
 from accel_cuda import CUDAAdapter, TF32Kwargs, cuda_emulated
 from conftest import requires_gpu
 from torch.testing import assert_close

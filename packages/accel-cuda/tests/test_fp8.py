@@ -1,5 +1,5 @@
 """fp8: backend choice and its errors, TransformerEngine and torchao conversions (their stand-ins
-in emulation: real fp8 rounding through `accel.fp8_emulation`), and the real libraries on a GPU
+in emulation: real fp8 rounding through `accel.precision.fp8_emulation`), and the real libraries on a GPU
 when they are installed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 from accel import Accelerator
-from accel import fp8_emulation as f8
+from accel.precision import fp8_emulation as f8
 from accel_cuda import AORecipeKwargs, FP8BackendError, TERecipeKwargs, cuda_emulated
 from conftest import requires_gpu
 from torch import nn

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from accel import fp8_emulation
+from accel.precision import fp8_emulation
 from accel.state import AcceleratorState, GradientState
 from accel_gaudi import hpu_emulated
 

@@ -8,10 +8,10 @@ import importlib
 import pytest
 import torch
 from accel import Accelerator, AdapterUnavailableError
+from accel.adapter.registry import select_adapter
 from accel.cli import _launch_parser, worker_env
-from accel.precision import remove_autocast_wrapper
-from accel.prepare import PrepareContext
-from accel.registry import select_adapter
+from accel.precision.base import remove_autocast_wrapper
+from accel.prepare.context import PrepareContext
 from accel.strategies.base import Strategy
 from accel.strategies.ddp import DDPStrategy
 from accel_gaudi import GaudiAdapter, GaudiOptions, hpu_emulated

@@ -6,7 +6,7 @@ import copy
 
 import torch
 from accel import Accelerator
-from accel.compile import is_compiled_module
+from accel.prepare.compile import is_compiled_module
 from accel_gaudi import hpu_emulated
 from torch import nn
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from accel.strategies.deepspeed_config import AcceleratorValues, DeepSpeedPlugin, resolve_config
+from accel.strategies.deepspeed.config import AcceleratorValues, DeepSpeedPlugin, resolve_config
 from accel_gaudi.adapter import DEEPSPEED_GRADIENT_CLIPPING, GaudiAdapter
 
 pytest.importorskip("deepspeed")
@@ -128,7 +128,7 @@ def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch)
     import torch
     from accel import Accelerator
     from accel.state import AcceleratorState, GradientState
-    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
     from accel_gaudi import hpu_emulated
     from torch import nn
 
@@ -181,7 +181,7 @@ def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy
     import torch
     from accel import Accelerator
     from accel.state import AcceleratorState, GradientState
-    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from torch import nn
 
@@ -215,7 +215,7 @@ def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
     equals plain SGD. Off, the backward runs eagerly."""
     import torch
     from accel import Accelerator
-    from accel.strategies.deepspeed import DeepSpeedPlugin
+    from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
     from torch import nn
     from torch._dynamo.utils import counters
 

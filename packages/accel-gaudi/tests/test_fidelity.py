@@ -249,7 +249,7 @@ def test_deepspeed_defaults_switch_habanas_deepspeed_to_hpu(monkeypatch):
 # ---- data loaders -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("world", "workers", "spawned"), [(16, 2, True), (8, 2, False), (16, 0, False)])
 def test_large_worlds_give_data_loader_workers_the_spawn_context(world, workers, spawned):
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
     from accel.strategies.base import Strategy
 
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=workers)
@@ -263,7 +263,7 @@ def test_large_worlds_give_data_loader_workers_the_spawn_context(world, workers,
 def test_a_loaders_own_multiprocessing_context_is_kept():
     import multiprocessing
 
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
     from accel.strategies.base import Strategy
 
     forked = multiprocessing.get_context("forkserver")
@@ -282,8 +282,8 @@ def test_deepspeed_optimizer_offload_keeps_the_torch_optimizer_and_refuses_lazy_
 ):
     # Accelerate on HPU: offload + a torch optimizer is refused in lazy mode; in eager mode the
     # strategy maps the torch AdamW (kept as AdamW for that) onto DeepSpeed's CPU Adam.
-    from accel.prepare import PrepareContext
-    from accel.strategies.deepspeed import DeepSpeedPlugin, DeepSpeedStrategy
+    from accel.prepare.context import PrepareContext
+    from accel.strategies.deepspeed.strategy import DeepSpeedPlugin, DeepSpeedStrategy
 
     monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
     strategy = DeepSpeedStrategy(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device=offload))

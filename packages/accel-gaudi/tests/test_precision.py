@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 from accel import Accelerator
-from accel.adapter import Adapter
-from accel.precision import Precision
+from accel.adapter.base import Adapter
+from accel.precision.base import Precision
 from accel_gaudi import GaudiAdapter, hpu_emulated
 from accel_gaudi.precision import GaudiPrecision
 from torch import nn
@@ -113,7 +113,7 @@ def test_autocast_rule_and_fp8_option_are_unchanged(monkeypatch, env, mixed_prec
 
 
 def test_convert_to_fp8_hook_is_the_precisions_conversion():
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
     from accel.strategies.ddp import DDPStrategy
 
     model = nn.Sequential(nn.Linear(2, 2))

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 from accel import Accelerator
-from accel.registry import select_adapter
+from accel.adapter.registry import select_adapter
 from accel_ipex import IpexAdapter
 from ipex_models import Net, batch
 from torch import nn
@@ -231,7 +231,7 @@ def test_optimize_off_keeps_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_data_parallel_runs_report_accelerates_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accel.distributed_type import DistributedType
+    from accel.distributed.distributed_type import DistributedType
 
     adapter = IpexAdapter()
     monkeypatch.setattr(IpexAdapter, "on_xpu", property(lambda self: True))  # several processes on Intel GPUs

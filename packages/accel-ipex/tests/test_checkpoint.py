@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator
-from accel.checkpoint import load_torch
+from accel.checkpoint.state import load_torch
 from accel.state import AcceleratorState, GradientState
 from ipex_models import Net, batch
 from safetensors.torch import load_file

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 from accel import Accelerator
-from accel.registry import get_strategy_class
+from accel.adapter.registry import get_strategy_class
 from accel.state import DistributedType
 from accel_megatron import MegatronConfigError, MegatronPlugin, MegatronStrategy, ModelProvider
 

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from accel.accelerate_config import accelerate_launch_defaults
 from accel.cli import _launch_parser
 from accel.commands import UsageError
 from accel.commands.launch_resolve import _selected_adapter, resolve
-from accel.config_file import ConfigError, read_yaml
+from accel.compat.config_file import accelerate_launch_defaults
+from accel.settings.config_file import ConfigError, read_yaml
 from accel.testing.launching import run_launch
 from accel_xla import XLAAdapter
 

@@ -164,7 +164,7 @@ def test_data_parallelism_is_the_xla_ddp_strategy_by_default() -> None:
 
 
 def test_xla_ddp_refuses_settings_and_other_adapters() -> None:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
     from accel_xla import XLADataParallelStrategy
 
     with pytest.raises(ValueError, match="The xla_ddp strategy takes no settings"):

@@ -1,7 +1,7 @@
 """Re-pointing optimizers at replaced parameters, checked without a device: torch's
 `overwrite_module_params_on_conversion` makes `module.to(dtype)` replace Parameters the way
 placement on an XLA device does, so the same trap and the same fix show on the CPU. The fix
-is the core's (`accel.prepare_group.ParameterMap`, run by every `prepare`); the adapter keeps
+is the core's (`accel.prepare.group.ParameterMap`, run by every `prepare`); the adapter keeps
 only the re-tying of tied weights."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from accel.prepare_group import ParameterMap
+from accel.prepare.group import ParameterMap
 from accel_xla.repoint import retie, tied_groups
 
 

@@ -1,7 +1,7 @@
 import argparse
 
 import pytest
-from accel.adapter_options import AdapterOptionsError
+from accel.adapter.options import AdapterOptionsError
 from accel_example_adapter import ExampleAdapter, ExampleOptions, device_emulated
 
 

@@ -7,9 +7,15 @@ without one, the built-in cpu adapter runs on CPUs with gloo.
 """
 
 from .accelerator import Accelerator
-from .adapter import ADAPTER_API_VERSION, Adapter, Availability, Capabilities
-from .data import DataLoaderShard, skip_first_batches
-from .data_samplers import SeedableRandomSampler
+from .adapter.base import ADAPTER_API_VERSION, Adapter, Availability, Capabilities
+from .compat import moved as _moved  # noqa: F401  (old flat module paths still import, with a warning)
+from .compat.handlers import ProfileKwargs
+from .compat.imports import is_rich_available
+from .compat.memory import find_executable_batch_size
+from .data.loader import DataLoaderShard, skip_first_batches
+from .data.samplers import SeedableRandomSampler
+from .distributed.rng import synchronize_rng_states
+from .distributed.state import AcceleratorState, DistributedType, GradientState, PartialState
 from .errors import (
     AccelError,
     AdapterNotFoundError,
@@ -20,9 +26,8 @@ from .errors import (
     PrepareError,
     UnsafeCheckpointError,
 )
-from .handlers import ProfileKwargs
-from .imports import is_rich_available
-from .kwargs import (
+from .launchers import debug_launcher, notebook_launcher
+from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
@@ -33,21 +38,17 @@ from .kwargs import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .launchers import debug_launcher, notebook_launcher
-from .memory import find_executable_batch_size
-from .parallelism_config import ParallelismConfig
-from .rng import synchronize_rng_states
-from .state import AcceleratorState, DistributedType, GradientState, PartialState
-from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from .strategies.deepspeed.config import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from .strategies.fsdp import FSDPConfig
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
+from .strategies.parallelism_config import ParallelismConfig
 from .utils import set_seed
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    from .compat_table import missing_attribute
+    from .compat.table import missing_attribute
 
     return missing_attribute("accelerate", name, __name__)
 

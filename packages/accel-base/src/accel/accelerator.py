@@ -19,17 +19,26 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from . import checkpoint as ckpt
-from . import operations, ops
-from .accelerate_env import launch_defaults
-from .accelerate_objects import convert, convert_accelerator_arguments
-from .accelerator_compat import AcceleratorCompatMixin
-from .adapter import Adapter
-from .compat_table import AccelerateFeatureError
-from .compile import strip_compile, unwrap_through
-from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
+from .adapter.base import Adapter
+from .adapter.registry import get_strategy_class
+from .checkpoint import state as ckpt
+from .compat import operations
+from .compat.accelerator import AcceleratorCompatMixin
+from .compat.env import launch_defaults
+from .compat.objects import convert, convert_accelerator_arguments
+from .compat.table import AccelerateFeatureError
+from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
+from .distributed import ops
+from .distributed.state import AcceleratorState, DistributedType, GradientState
 from .errors import AccelError, CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
-from .kwargs import (
+from .precision.base import Precision, remove_autocast_wrapper
+from .prepare.compile import strip_compile, unwrap_through
+from .prepare.context import PrepareContext
+from .prepare.group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
+from .prepare.optimizer import AcceleratedOptimizer
+from .prepare.prepared import Prepared, RunContext
+from .prepare.scheduler import AcceleratedScheduler, follow_replaced_optimizer
+from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -41,25 +50,17 @@ from .kwargs import (
     TorchDynamoPlugin,
     check_positive_int,
 )
-from .optimizer import AcceleratedOptimizer
-from .parallelism_config import (
+from .strategies.base import Strategy
+from .strategies.deepspeed.config import DeepSpeedPlugin
+from .strategies.deepspeed.plugins import NO_PLUGINS
+from .strategies.parallelism_config import (
     ParallelismConfig,
     as_parallelism_config,
     bind_parallelism,
     from_environment,
     with_parallelism,
 )
-from .precision import Precision, remove_autocast_wrapper
-from .prepare import PrepareContext
-from .prepare_group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
-from .prepared import Prepared, RunContext
-from .registry import get_strategy_class
-from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
-from .state import AcceleratorState, DistributedType, GradientState
-from .strategies.base import Strategy
-from .strategies.deepspeed_config import DeepSpeedPlugin
-from .strategies.deepspeed_plugins import NO_PLUGINS
-from .trackers import TrackerHub
+from .trackers.hub import TrackerHub
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 # Configuration objects that have their own `Accelerator` argument (a common slip is to pass them as handlers).
@@ -238,7 +239,7 @@ class Accelerator(AcceleratorCompatMixin):
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        # Copied from rank 0 at every iteration of a prepared loader (accel.rng), as in Accelerate.
+        # Copied from rank 0 at every iteration of a prepared loader (accel.distributed.rng), as in Accelerate.
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         # One precision object for the run; a strategy whose engine scales the fp16 loss itself
         # must not get a second scaler.
@@ -1123,7 +1124,7 @@ _NO_JOIN = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEG
 def _is_map_style(loader: Any) -> bool:
     from torch.utils.data import IterableDataset
 
-    from .data_dispatch import DataLoaderDispatcher
+    from .data.dispatch import DataLoaderDispatcher
 
     return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
 
@@ -1256,7 +1257,7 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
     for handler in handlers:
         if not isinstance(handler, KwargsHandler):
             raise UnsupportedHandlerError(
-                f"Unsupported kwargs handler passed: {handler!r}, must be one that inherits `accel.kwargs.KwargsHandler`"
+                f"Unsupported kwargs handler passed: {handler!r}, must be one that inherits `accel.settings.kwargs.KwargsHandler`"
                 f"{_HANDLER_HINTS.get(type(handler).__name__, '')}."
             )
         kind = type(handler)

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SHIM_DIR = Path(__file__).parent / "_accelerate_shim"
+SHIM_DIR = Path(__file__).parent / "compat" / "_accelerate_shim"
 """Directory holding the `accelerate` package that installs the alias; put it first on PYTHONPATH."""
 
 _FIXTURE_PACKAGES = ("accelerate.test_utils",)

@@ -11,7 +11,6 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from .accelerate_settings import SettingError
 from .commands import UsageError
 from .commands.env import env_report
 from .commands.launch import (
@@ -22,8 +21,9 @@ from .commands.launch import (
     worker_env,
 )
 from .commands.launch import launch_parser as _launch_parser
-from .config_file import ConfigError
+from .compat.settings import SettingError
 from .errors import AdapterNotFoundError, AdapterUnavailableError, CheckpointError, StrategyNotFoundError
+from .settings.config_file import ConfigError
 
 __all__ = [
     "ACCEL_FLAGS_TO_ENV",
@@ -63,7 +63,7 @@ def _test(argv: Sequence[str]) -> int:
         return 0
     if any(not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("-")) for i, a in enumerate(argv)):
         raise UsageError("accel test runs accel's own self-check: it takes `accel launch` flags, not a script")
-    return launch(["--num-processes", "2", *argv, "-m", "accel.selftest"])
+    return launch(["--num-processes", "2", *argv, "-m", "accel.commands.selftest"])
 
 
 def _config(argv: Sequence[str]) -> int:

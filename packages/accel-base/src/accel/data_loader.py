@@ -1,7 +1,7 @@
 """Accelerate's `data_loader` module path: prepared loaders, samplers and their helpers.
 
-The code lives in `accel.data` (loaders), `accel.data_samplers`, `accel.data_iterable` and
-`accel.data_dispatch`; `from accelerate.data_loader import X` becomes `from accel.data_loader import X`.
+The code lives in `accel.data` (loaders), `accel.data.samplers`, `accel.data.iterable` and
+`accel.data.dispatch`; `from accelerate.data_loader import X` becomes `from accel.data_loader import X`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
-from .data import DataLoaderShard, prepare_data_loader, skip_first_batches
-from .data_dispatch import DataLoaderDispatcher
-from .data_iterable import IterableDatasetShard
-from .data_samplers import BatchSamplerShard, SeedableRandomSampler
+from .data.dispatch import DataLoaderDispatcher
+from .data.iterable import IterableDatasetShard
+from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
+from .data.samplers import BatchSamplerShard, SeedableRandomSampler
 
 
 def get_sampler(dataloader: DataLoader) -> Any:  # type: ignore[type-arg]
@@ -24,7 +24,7 @@ def get_sampler(dataloader: DataLoader) -> Any:  # type: ignore[type-arg]
 
 
 def __getattr__(name: str) -> Any:
-    from .compat_table import missing_attribute
+    from .compat.table import missing_attribute
 
     return missing_attribute("accelerate.data_loader", name, __name__)
 

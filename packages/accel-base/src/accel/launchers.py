@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from .environment import patch_environment
+from .compat.environment import patch_environment
 
 
 def _free_port() -> int:
@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 
 def _check_fresh(what: str) -> None:
-    from .state import PartialState
+    from .distributed.state import PartialState
 
     if PartialState._shared_state:
         raise ValueError(
@@ -42,7 +42,7 @@ def _meets_its_peers(function: Callable[..., Any]) -> Callable[..., Any]:
         result = function(*args)
         import torch.distributed as dist
 
-        from .state import PartialState
+        from .distributed.state import PartialState
 
         if not PartialState._shared_state and not (dist.is_available() and dist.is_initialized()):
             PartialState()  # joins the rendezvous; the group is destroyed at exit

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .distributed_type import DistributedType
+from .distributed.distributed_type import DistributedType
 
 UNSUPPORTED = "LocalSGD is supported only for CPUs and GPUs (no DeepSpeed or MegatronLM)"
 """Accelerate 1.15's message for a run whose model is not plain data parallel."""

@@ -18,7 +18,7 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from .state import PartialState
+from .distributed.state import PartialState
 
 LOG_LEVEL_ENV = ("ACCEL_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .tracker_base import GeneralTracker, JSONLTracker, TensorBoardTracker
-from .tracker_libraries import (
+from .trackers.base import GeneralTracker, JSONLTracker, TensorBoardTracker
+from .trackers.hub import _TRACKERS, register_tracker
+from .trackers.libraries import (
     LOGGER_TYPE_TO_CLASS,
     AimTracker,
     ClearMLTracker,
@@ -32,7 +33,6 @@ from .tracker_libraries import (
     get_available_trackers,
     on_main_process,
 )
-from .trackers import _TRACKERS, register_tracker
 
 
 def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = None) -> list[Any]:

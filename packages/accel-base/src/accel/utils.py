@@ -1,7 +1,7 @@
 """What scripts import from Accelerate's `utils`, under the same names (`accelerate.utils` -> `accel.utils`).
 
-The functions live in modules named for their concern (`accel.ops`, `accel.operations`,
-`accel.environment`, `accel.imports`, `accel.memory`, `accel.rng`, `accel.handlers`, ...);
+The functions live in modules named for their concern (`accel.distributed.ops`, `accel.compat.operations`,
+`accel.compat.environment`, `accel.compat.imports`, `accel.compat.memory`, `accel.distributed.rng`, `accel.compat.handlers`, ...);
 this module gathers them. A name of Accelerate's `utils` that accel deliberately leaves out
 imports as a stand-in whose use raises `NotImplementedError` saying why and what to use
 instead; any other missing name raises `AttributeError` (docs/accelerate_compat.md lists both).
@@ -15,10 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .compile import compile_regions, is_compiled_module
-from .config_file import write_basic_config
-from .data import skip_first_batches
-from .environment import (
+from .compat.environment import (
     are_libraries_initialized,
     clear_environment,
     convert_dict_to_env_variables,
@@ -29,7 +26,7 @@ from .environment import (
     purge_accelerate_environment,
     str_to_bool,
 )
-from .handlers import (
+from .compat.handlers import (
     AORecipeKwargs,
     DynamoBackend,
     FP8RecipeKwargs,
@@ -38,7 +35,7 @@ from .handlers import (
     ProfileKwargs,
     TERecipeKwargs,
 )
-from .imports import (
+from .compat.imports import (
     compare_versions,
     deepspeed_required,
     is_4bit_bnb_available,
@@ -85,20 +82,8 @@ from .imports import (
     is_weights_only_available,
     torchao_required,
 )
-from .kwargs import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    ProjectConfiguration,
-    TorchDynamoPlugin,
-)
-from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
-from .operations import (
+from .compat.memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
+from .compat.operations import (
     CannotPadNestedTensorWarning,
     DistributedOperationException,
     TensorInformation,
@@ -117,18 +102,7 @@ from .operations import (
     reduce,
     slice_tensors,
 )
-from .ops import (
-    broadcast,
-    broadcast_object_list,
-    concatenate,
-    find_batch_size,
-    gather,
-    gather_object,
-    is_namedtuple,
-    recursively_apply,
-    send_to_device,
-)
-from .other import (
+from .compat.other import (
     clean_state_dict_for_safetensors,
     convert_bytes,
     extract_model_from_parallel,
@@ -146,13 +120,39 @@ from .other import (
     save,
     wait_for_everyone,
 )
-from .parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
-from .precision import convert_outputs_to_fp32
-from .rng import RNGType, synchronize_rng_state, synchronize_rng_states
-from .state import DistributedType
-from .strategies.deepspeed_config import DeepSpeedPlugin, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
+from .compat.tqdm import tqdm
+from .data.loader import skip_first_batches
+from .distributed.ops import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    gather,
+    gather_object,
+    is_namedtuple,
+    recursively_apply,
+    send_to_device,
+)
+from .distributed.rng import RNGType, synchronize_rng_state, synchronize_rng_states
+from .distributed.state import DistributedType
+from .precision.base import convert_outputs_to_fp32
+from .prepare.compile import compile_regions, is_compiled_module
+from .settings.config_file import write_basic_config
+from .settings.kwargs import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .strategies.deepspeed.config import DeepSpeedPlugin, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
-from .tqdm import tqdm
+from .strategies.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
 
 # Accelerate's file-name constants (`accelerate.utils.constants`), with its values. What accel writes:
 # `save_model` writes SAFE_WEIGHTS_NAME, or shards named by SAFE_WEIGHTS_PATTERN_NAME plus
@@ -200,7 +200,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     `device_specific` adds the process index so each rank draws differently;
     `deterministic` asks torch for deterministic algorithms.
     """
-    from .state import PartialState
+    from .distributed.state import PartialState
 
     state = PartialState() if PartialState._shared_state else None
     if device_specific and state is not None:
@@ -215,8 +215,8 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 
 
 def __getattr__(name: str) -> Any:
-    from .compat_table import missing_attribute
-    from .registry import availability_probe
+    from .adapter.registry import availability_probe
+    from .compat.table import missing_attribute
 
     probe = availability_probe(name)  # is_<hardware>_available, from the adapters
     if probe is not None:

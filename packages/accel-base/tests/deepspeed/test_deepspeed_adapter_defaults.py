@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from accel.adapter import Adapter
-from accel.strategies.deepspeed_config import AcceleratorValues, DeepSpeedPlugin, resolve_config
+from accel.adapter.base import Adapter
+from accel.strategies.deepspeed.config import AcceleratorValues, DeepSpeedPlugin, resolve_config
 from conftest import launch
 
 DEFAULTS = {

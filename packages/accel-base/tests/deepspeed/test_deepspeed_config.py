@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, DistributedType
-from accel.registry import get_strategy_class
-from accel.strategies.deepspeed import DEVICE_PLACEMENT, MULTIPLE_MODELS, DeepSpeedStrategy
-from accel.strategies.deepspeed_config import (
+from accel.adapter.registry import get_strategy_class
+from accel.strategies.deepspeed.config import (
     HIDDEN_SIZE_KEYS,
     AcceleratorValues,
     DeepSpeedConfigError,
@@ -23,6 +22,7 @@ from accel.strategies.deepspeed_config import (
     model_hidden_size,
     resolve_config,
 )
+from accel.strategies.deepspeed.strategy import DEVICE_PLACEMENT, MULTIPLE_MODELS, DeepSpeedStrategy
 
 
 def values(**overrides):
@@ -282,7 +282,7 @@ class Payload:
 
 def test_engine_checkpoints_are_checked_before_deepspeed_unpickles_them(tmp_path: Path):
     from accel import CheckpointError, UnsafeCheckpointError
-    from accel.strategies.deepspeed import verify_engine_checkpoint
+    from accel.strategies.deepspeed.strategy import verify_engine_checkpoint
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
@@ -358,7 +358,7 @@ def fake_cpu_optimizers(monkeypatch):
 def test_the_mapping_picks_accelerates_cpu_optimizer_and_keeps_the_groups(
     fake_cpu_optimizers, caplog, make, cls, adamw_mode, warns
 ):
-    from accel.strategies.deepspeed import map_pytorch_optim_to_deepspeed
+    from accel.strategies.deepspeed.strategy import map_pytorch_optim_to_deepspeed
 
     model = torch.nn.Linear(3, 2)
     client = make([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.5}])
@@ -443,7 +443,7 @@ def test_scheduler_values_the_user_set_are_kept_and_a_torch_optimizer_gives_the_
 
 
 def test_a_dummy_optimizer_with_a_torch_scheduler_is_refused_as_accelerate_does():
-    from accel.strategies.deepspeed import _scheduler_argument
+    from accel.strategies.deepspeed.strategy import _scheduler_argument
 
     dummy = DummyOptim([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     torch_sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]), 1)

@@ -177,7 +177,7 @@ def counting_eager(gm, example_inputs):
 for regional in (False, True):
     torch._dynamo.reset()
     graphs.clear()
-    from accel.kwargs import TorchDynamoPlugin
+    from accel.settings.kwargs import TorchDynamoPlugin
 
     plugin = TorchDynamoPlugin(backend="counting_eager", use_regional_compilation=regional)
     acc = fresh(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.0), dynamo_plugin=plugin)

@@ -1,6 +1,6 @@
 """accel-cuda: the NVIDIA GPU adapter for accel.
 
-Installed, it registers the `cuda` adapter in the `accel.adapters` entry-point group; it is
+Installed, it registers the `cuda` adapter in the `accel.adapter` entry-point group; it is
 chosen first whenever PyTorch sees a CUDA device. Without one it runs emulated on the CPU
 (`ACCEL_EMULATE=1`).
 """

@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
-from accel.data import DataLoaderShard
+from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.data.loader import DataLoaderShard
 
 from . import fp8
 from .options import CUDAOptions, TF32Kwargs
 from .precision import CUDAPrecision
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 
 class CUDAAdapter(Adapter):

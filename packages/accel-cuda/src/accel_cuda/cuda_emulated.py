@@ -4,7 +4,7 @@ Device-only calls (set_device, empty_cache, TF32 switches) are counted or
 recorded in `calls` / `tf32`, so tests can assert where the adapter makes them. The
 emulated GPUs' random generators are real `torch.Generator`s, so checkpoints carry and
 restore their state as they do on hardware. fp8 stands for TransformerEngine and torchao
-with `accel.fp8_emulation` (real fp8 rounding, per-tensor scales).
+with `accel.precision.fp8_emulation` (real fp8 rounding, per-tensor scales).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from accel import fp8_emulation as f8
+from accel.precision import fp8_emulation as f8
 from accel.testing.emulated import DeviceGenerators, device_count_from_env
 
 COMPILE_BACKEND = "inductor"

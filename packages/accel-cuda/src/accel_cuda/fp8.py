@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from accel.errors import AccelError
-from accel.kwargs import KwargsHandler
+from accel.settings.kwargs import KwargsHandler
 
 FP8_BACKENDS = ("te", "ao")
 TE_FORMATS = ("HYBRID", "E4M3", "E5M2")

@@ -1,7 +1,7 @@
 """The CUDA adapter's settings: the TF32 kwargs handler and the data-loader options.
 
 `CUDAOptions` is filled once from the `ACCEL_CUDA_*` variables when the adapter starts
-(`accel.adapter_options` parses them); nothing deeper reads the environment.
+(`accel.adapter.options` parses them); nothing deeper reads the environment.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from accel.adapter_options import AdapterOptions, option
-from accel.kwargs import KwargsHandler
+from accel.adapter.options import AdapterOptions, option
+from accel.settings.kwargs import KwargsHandler
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,7 @@ import contextlib
 from typing import Any
 
 import torch
-from accel.precision import Precision, enter_all, wrap_forward_in_autocast
+from accel.precision.base import Precision, enter_all, wrap_forward_in_autocast
 
 from . import fp8
 

@@ -1,6 +1,6 @@
 """accel-gaudi: the Intel Gaudi (HPU) adapter for accel.
 
-Installed, it registers the `gaudi` adapter in the `accel.adapters` entry-point group.
+Installed, it registers the `gaudi` adapter in the `accel.adapter` entry-point group.
 Without Habana's software stack it runs emulated on the CPU (`ACCEL_EMULATE=1`).
 """
 

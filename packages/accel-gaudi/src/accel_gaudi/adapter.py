@@ -14,14 +14,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
+from accel.adapter.base import Adapter, Availability, Capabilities
 
 from .options import GaudiOptions
 from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
-    from accel.kwargs import TorchDynamoPlugin
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
+    from accel.settings.kwargs import TorchDynamoPlugin
 
 
 SPAWN_WORKERS_ABOVE = 8
@@ -183,7 +183,7 @@ class GaudiAdapter(Adapter):
             return plugin
         backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
         if plugin is None:
-            from accel.kwargs import TorchDynamoPlugin
+            from accel.settings.kwargs import TorchDynamoPlugin
 
             plugin = TorchDynamoPlugin(backend=backend)
         return dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)

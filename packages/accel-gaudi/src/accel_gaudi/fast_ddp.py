@@ -29,7 +29,7 @@ import torch.distributed as dist
 from accel.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 
 class FastDDP:

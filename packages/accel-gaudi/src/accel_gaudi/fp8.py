@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from accel.kwargs import KwargsHandler
+from accel.settings.kwargs import KwargsHandler
 
 FP8_FORMATS = ("E5M2", "HYBRID")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")

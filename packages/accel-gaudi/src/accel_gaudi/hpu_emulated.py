@@ -2,7 +2,7 @@
 
 Calls that only matter on the device (step markers, backend registration, seeding) are
 counted in `calls`, so tests can assert where the adapter makes them. The fp8 pieces
-stand for Habana's transformer engine with the core's `accel.fp8_emulation`: a Linear that
+stand for Habana's transformer engine with the core's `accel.precision.fp8_emulation`: a Linear that
 really quantises its input, weight and output gradient to `torch.float8_e4m3fn` /
 `torch.float8_e5m2` with per-tensor delayed scaling, so numerics differ from fp32 the way
 fp8 training does.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from accel import fp8_emulation as f8
+from accel.precision import fp8_emulation as f8
 from accel.testing.emulated import DeviceGenerators
 from torch import nn
 

@@ -1,7 +1,7 @@
 """The Gaudi adapter's options: one typed dataclass, filled once from code, flags or environment.
 
 `accel launch --distribution-strategy fast_ddp --use-regional-compilation --force-autocast
---fp8` turns into the `ACCEL_GAUDI_*` variables below (`accel.adapter_options` generates the
+--fp8` turns into the `ACCEL_GAUDI_*` variables below (`accel.adapter.options` generates the
 flags and parses the variables); the adapter reads them in its `__init__` and nothing deeper
 reads the environment.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from accel.adapter_options import AdapterOptions, option
+from accel.adapter.options import AdapterOptions, option
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 AUTOCAST_POLICIES = ("native_amp", "always")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accel.precision import Precision, enter_all, wrap_forward_in_autocast
+from accel.precision.base import Precision, enter_all, wrap_forward_in_autocast
 
 from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 
 class GaudiPrecision(Precision):

@@ -1,6 +1,6 @@
 """accel-ipex: the intel-extension-for-pytorch adapter for accel (Intel CPUs and XPUs).
 
-Installed, it registers the `ipex` adapter in the `accel.adapters` entry-point group. It is
+Installed, it registers the `ipex` adapter in the `accel.adapter` entry-point group. It is
 chosen over the plain cpu adapter when IPEX is installed with the torch it was built for.
 """
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
-from accel.distributed_type import DistributedType
+from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.distributed.distributed_type import DistributedType
 from torch.nn.parallel import DistributedDataParallel
 
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
@@ -21,7 +21,7 @@ from .options import IpexOptions
 from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 
 class IpexAdapter(Adapter):

@@ -1,7 +1,7 @@
 """The IPEX adapter's options: one typed dataclass, filled once from code, flags or environment.
 
 `accel launch --ipex-weights-prepack off --ipex-level O1 --no-ipex-optimize` turns into the
-`ACCEL_IPEX_*` variables below (`accel.adapter_options` generates the flags and parses the
+`ACCEL_IPEX_*` variables below (`accel.adapter.options` generates the flags and parses the
 variables); the adapter reads them in its `__init__` and nothing deeper reads the environment.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from accel.adapter_options import AdapterOptions, option
+from accel.adapter.options import AdapterOptions, option
 
 LEVELS = ("O0", "O1")
 

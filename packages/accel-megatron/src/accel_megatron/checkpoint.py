@@ -20,7 +20,7 @@ from torch import nn
 from .parallel import chunks_of
 
 if TYPE_CHECKING:
-    from accel.prepared import Prepared, RunContext
+    from accel.prepare.prepared import Prepared, RunContext
 
 _MODELS = "megatron_models"
 _MANIFEST = "megatron.json"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accel.ops import recursively_apply
+from accel.distributed.ops import recursively_apply
 from torch import nn
 
 

@@ -26,10 +26,10 @@ DEVICE_PLACEMENT = "You can't customize device placements with DeepSpeed or Mega
 MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple models when using Megatron-LM"
 
 if TYPE_CHECKING:
-    from accel.distributed_type import DistributedType
-    from accel.prepare import PrepareContext
-    from accel.prepare_group import PrepareGroup
-    from accel.prepared import Prepared, RunContext
+    from accel.distributed.distributed_type import DistributedType
+    from accel.prepare.context import PrepareContext
+    from accel.prepare.group import PrepareGroup
+    from accel.prepare.prepared import Prepared, RunContext
 
 
 class MegatronStrategy(Strategy):
@@ -55,7 +55,7 @@ class MegatronStrategy(Strategy):
         self._built: dict[int, Any] = {}
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
-        from accel.distributed_type import DistributedType
+        from accel.distributed.distributed_type import DistributedType
 
         return DistributedType.MEGATRON_LM
 

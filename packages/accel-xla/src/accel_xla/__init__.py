@@ -1,6 +1,6 @@
 """accel-xla: the torch_xla (TPU) adapter for accel.
 
-Installed, it registers the `xla` adapter in the `accel.adapters` entry-point group and its
+Installed, it registers the `xla` adapter in the `accel.adapter` entry-point group and its
 data-parallel strategy `xla_ddp` (the adapter's default) and torch_xla's SPMD FSDP strategy
 `xla_fsdp_v2` in `accel.strategies`. It
 runs on TPUs, on torch_xla's CPU device (`PJRT_DEVICE=CPU`), and emulated on the CPU with

@@ -15,18 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
-from accel.distributed_type import DistributedType
+from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.distributed.distributed_type import DistributedType
+from accel.distributed.launch_env import read_launch_env
 from accel.errors import DistributedSetupError
-from accel.launch_env import read_launch_env
-from accel.prepare_group import optimizer_params
+from accel.prepare.group import optimizer_params
 
 from .options import PODS, XLALaunchOptions, add_accelerate_tpu_flags
 from .repoint import first_device, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 DEVICE_MISMATCH = (
     "The model and the optimizer parameters are not on the same device, which probably means you created an "
@@ -89,7 +89,7 @@ class XLAAdapter(Adapter):
         super().__init__(emulate=emulate, options=options)
         # Every optimizer prepared, with the xla_ddp strategy of its Accelerator (None under
         # "ddp"): that strategy knows whether its step must average. (The core re-points
-        # optimizers at the parameters placement created: accel.prepare_group.ParameterMap.)
+        # optimizers at the parameters placement created: accel.prepare.group.ParameterMap.)
         self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, XLADataParallelStrategy | None] = (
             weakref.WeakKeyDictionary()
         )

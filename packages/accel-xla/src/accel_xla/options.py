@@ -1,6 +1,6 @@
 """The XLA adapter's launch flags: `accel launch --adapter xla --pjrt-device TPU` sets what
 torch_xla reads in the workers (`PJRT_DEVICE`, `CPU_NUM_DEVICES`). The flags and variables come
-from `accel.adapter_options`; the adapter itself parses nothing (torch_xla reads the variables).
+from `accel.adapter.options`; the adapter itself parses nothing (torch_xla reads the variables).
 Accelerate's TPU flags (`--tpu`, `--tpu_cluster`, ...) are declared by `add_accelerate_tpu_flags`.
 """
 
@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from accel.adapter_options import AdapterOptions, AdapterOptionsError, option
+from accel.adapter.options import AdapterOptions, AdapterOptionsError, option
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 

@@ -3,7 +3,7 @@
 Moving a module to an XLA device does not move its Parameters in place: `module.to(xla)`
 gives it new Parameter objects. An optimizer built before the move would still hold the old
 ones and silently update nothing (measured: weights unchanged, no error); the core re-points
-it (`accel.prepare_group.ParameterMap`, by name, state included). Left here: weights tied
+it (`accel.prepare.group.ParameterMap`, by name, state included). Left here: weights tied
 before the move come out as separate copies, which `tied_groups`/`retie` tie again.
 """
 

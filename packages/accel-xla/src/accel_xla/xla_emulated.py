@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accel.ops import send_to_device
+from accel.distributed.ops import send_to_device
 
 calls: Counter[str] = Counter()
 """How often each stand-in was called (for tests)."""

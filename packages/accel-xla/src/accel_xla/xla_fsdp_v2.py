@@ -21,7 +21,7 @@ import torch
 from accel.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from accel.prepare import PrepareContext
+    from accel.prepare.context import PrepareContext
 
 
 SPMD_TOO_LATE = (

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
-from accel.adapter_options import AdapterOptions, option
-from accel.prepare import PrepareContext
+from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.adapter.options import AdapterOptions, option
+from accel.prepare.context import PrepareContext
 
 
 @dataclass(kw_only=True, frozen=True)

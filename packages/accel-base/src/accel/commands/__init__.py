@@ -26,7 +26,7 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments") and self.prog == "accel launch":
-            from .. import registry
+            from ..adapter import registry
 
             installed = ", ".join(sorted(registry.installed_adapters())) or "none"
             message += (

@@ -3,7 +3,7 @@
 Flags accel shares with `accelerate launch` under the same name (`--num_processes`,
 `--mixed_precision`, `--main_process_port`, ...) are declared in `launch.py`. This module
 adds the rest: the DeepSpeed and FSDP families (mapped onto `DeepSpeedPlugin` and
-`FSDPConfig` through `accel.accelerate_settings`), the strategy switches, dynamo options,
+`FSDPConfig` through `accel.compat.settings`), the strategy switches, dynamo options,
 and flags accel refuses with a one-line reason. Every flag takes both spellings.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..parallelism_config import LAUNCH_KEYS, launch_env
+from ..strategies.parallelism_config import LAUNCH_KEYS, launch_env
 from . import add_flag
 
 DEEPSPEED_FLAGS = (

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..accelerate_config import accelerate_launch_defaults
-from ..config_file import (
+from ..compat.config_file import accelerate_launch_defaults
+from ..settings.config_file import (
     AccelConfig,
     ConfigError,
     default_config_path,
@@ -65,7 +65,7 @@ def config_parser(prog: str = "accel config") -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=ACTIONS, help="default, show, update or schema (none: ask questions)")
     add_flag(p, "config-file", default=None, help=f"the file (default: ACCEL_CONFIG_FILE, else {_shown_default()})")
     p.add_argument("--force", action="store_true", help="`default`: overwrite an existing file")
-    keys = p.add_argument_group("keys (each a field of accel.config_file.AccelConfig)")
+    keys = p.add_argument_group("keys (each a field of accel.settings.config_file.AccelConfig)")
     for f in dataclasses.fields(AccelConfig):
         add_flag(keys, f.name, default=None, metavar=_kind(f).split("[")[0].upper(), help=field_docs().get(f.name))
     return p

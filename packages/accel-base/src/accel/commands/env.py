@@ -7,8 +7,8 @@ import os
 import platform
 import sys
 
-from .. import registry
-from ..config_file import ConfigError, default_config_path
+from ..adapter import registry
+from ..settings.config_file import ConfigError, default_config_path
 from .requirements import STRATEGY_REQUIRES, installed
 
 # Optional packages accel-base uses when present: (import name, distribution, what needs it, pip requirement).

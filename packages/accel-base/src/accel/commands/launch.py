@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import registry
+from ..adapter import registry
 from . import CliParser, UsageError, add_flag
 from .accelerate_flags import add_accelerate_flags
 from .launch_resolve import resolve
 from .requirements import STRATEGY_REQUIRES  # noqa: F401  (re-exported: it used to live here)
 
-WORKER_BOOTSTRAP = Path(__file__).parents[1] / "worker_bootstrap.py"
+WORKER_BOOTSTRAP = Path(__file__).parent / "worker_bootstrap.py"
 
 ACCEL_FLAGS_TO_ENV = {
     "adapter": "ACCEL_ADAPTER",
@@ -142,7 +142,7 @@ def _requested_adapter(argv: Sequence[str]) -> str | None:
 def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = None) -> list[str]:
     """torchrun's argument list for these `accel launch` arguments.
 
-    With `launcher_pid`, each worker starts through `accel/worker_bootstrap.py`, which ties
+    With `launcher_pid`, each worker starts through `accel/commands/worker_bootstrap.py`, which ties
     its life to that process (the launcher running torchrun in-process): a launcher killed
     with SIGKILL takes its workers with it instead of leaving them training.
     """

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import registry
-from ..accelerate_config import hardware_keys
-from ..accelerate_settings import SettingError, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
+from ..adapter import registry
+from ..compat.config_file import hardware_keys
+from ..compat.settings import SettingError, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
 from . import UsageError
 from .accelerate_flags import (
     DEEPSPEED_FLAGS,
@@ -67,7 +67,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
     args.strategy = _strategy(args)
     args.strategy_kwargs = {**file_values.get("strategy_kwargs", {}), **_strategy_kwargs(args)}
     if args.strategy_kwargs:
-        from ..accelerate_env import strategy_config_from_json
+        from ..compat.env import strategy_config_from_json
 
         try:  # fail here, in one line, rather than in every worker
             strategy_config_from_json(args.strategy or "ddp", json.dumps(args.strategy_kwargs))

@@ -91,7 +91,7 @@ def read_deepspeed_model(directory: Path) -> dict[str, Any]:
     Raises:
         UsageError: deepspeed is not installed. UnsafeCheckpointError: a file would run code.
     """
-    from ..strategies.deepspeed import CHECKPOINT_TAG, verify_engine_checkpoint
+    from ..strategies.deepspeed.strategy import CHECKPOINT_TAG, verify_engine_checkpoint
 
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -1,7 +1,7 @@
 """The strategy contract: wrap a model for a way of spreading work, and undo it.
 
 A strategy never sees the Accelerator. Its hooks get what they need as arguments: the
-registry of prepared objects (`accel.prepared.Prepared`), a frozen `RunContext` of the run
+registry of prepared objects (`accel.prepare.prepared.Prepared`), a frozen `RunContext` of the run
 (`wrap_model` gets the adapter's `accel.prepare.PrepareContext` instead), and for the step
 just the facts (`sync`: whether this backward closes an accumulation window). A package
 registers a strategy in the `accel.strategies` entry-point group under its `name`; an
@@ -11,7 +11,7 @@ call; see docs/architecture.md) calls them in this order:
 
 1. `validate_prepare(objects, ctx)` refuses combinations before anything is touched (and may set
    up what the rest needs, e.g. Megatron's parallel state); the core pairs each model with its
-   optimizers and schedulers by parameter identity (`accel.prepare_group`), then calls the
+   optimizers and schedulers by parameter identity (`accel.prepare.group`), then calls the
    adapter's `before_prepare`.
 2. Models and data loaders, then optimizers, then schedulers, whatever the order given:
    - a model goes through the adapter's `prepare_model` (placement, precision, then
@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from ..distributed_type import DistributedType
-    from ..prepare import PrepareContext
-    from ..prepare_group import PrepareGroup
-    from ..prepared import Prepared, RunContext
+    from ..distributed.distributed_type import DistributedType
+    from ..prepare.context import PrepareContext
+    from ..prepare.group import PrepareGroup
+    from ..prepare.prepared import Prepared, RunContext
 
 
 REMOVED_STRATEGY_HOOKS: dict[str, str] = {
@@ -57,7 +57,7 @@ REMOVED_STRATEGY_HOOKS: dict[str, str] = {
     "after_prepare": "do it in `setup(group, prepared, ctx)`, which runs once per model and its optimizers",
 }
 """Version-1 strategy hooks the core no longer calls, with what to do instead: a strategy class that
-defines one is refused by name when strategies are discovered (`accel.registry.strategy_records`)."""
+defines one is refused by name when strategies are discovered (`accel.adapter.registry.strategy_records`)."""
 
 
 class Strategy:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..kwargs import DDPCommunicationHookType, DistributedDataParallelKwargs
+from ..settings.kwargs import DDPCommunicationHookType, DistributedDataParallelKwargs
 from .base import Strategy
 
 if TYPE_CHECKING:
-    from ..prepare import PrepareContext
+    from ..prepare.context import PrepareContext
 
 
 class DDPStrategy(Strategy):

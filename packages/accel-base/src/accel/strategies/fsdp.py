@@ -23,10 +23,10 @@ from .base import Strategy
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..distributed_type import DistributedType
-    from ..parallelism_config import MeshFacts, ParallelismConfig
-    from ..prepare import PrepareContext
-    from ..prepared import Prepared, RunContext
+    from ..distributed.distributed_type import DistributedType
+    from ..prepare.context import PrepareContext
+    from ..prepare.prepared import Prepared, RunContext
+    from .parallelism_config import MeshFacts, ParallelismConfig
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 _SHARDING_BY_NUMBER = {
@@ -310,7 +310,7 @@ class FSDP2Strategy(Strategy):
     name: ClassVar[str] = "fsdp2"
 
     def __init__(self, config: Any = None) -> None:
-        from ..parallelism_config import ParallelismConfig
+        from .parallelism_config import ParallelismConfig
 
         # Chosen for `Accelerator(parallelism_config=...)` alone, without FSDP options of the user's.
         self._from_parallelism_config = isinstance(config, ParallelismConfig)
@@ -325,7 +325,7 @@ class FSDP2Strategy(Strategy):
         self.config: FSDPConfig
         self._mesh: DeviceMesh | None = None
         if self.config.parallelism_config is None:
-            from ..parallelism_config import from_environment
+            from .parallelism_config import from_environment
 
             self.config.parallelism_config = from_environment()
         self.parallelism: ParallelismConfig | None = self.config.parallelism_config
@@ -360,7 +360,7 @@ class FSDP2Strategy(Strategy):
         return bool(self.config.cpu_ram_efficient_loading)
 
     def distributed_type(self, use_distributed: bool) -> DistributedType | None:
-        from ..distributed_type import DistributedType
+        from ..distributed.distributed_type import DistributedType
 
         if not use_distributed:
             return DistributedType.NO
@@ -398,7 +398,7 @@ class FSDP2Strategy(Strategy):
         if not ctx.use_distributed or isinstance(model, FSDPModule):
             return model
         config = self.config
-        # The core re-points optimizers at the shards (accel.prepare_group.ParameterMap).
+        # The core re-points optimizers at the shards (accel.prepare.group.ParameterMap).
         shard_mesh = self._nd_prepare(model, ctx)
         if shard_mesh is None:
             return model
@@ -433,7 +433,7 @@ class FSDP2Strategy(Strategy):
             if ctx.use_distributed and not self._bound:
                 raise RuntimeError(
                     "The fsdp2 strategy's N-D mesh was never built: call strategy.build_mesh(...) (the Accelerator "
-                    "does, through accel.parallelism_config.bind_parallelism) before preparing."
+                    "does, through accel.strategies.parallelism_config.bind_parallelism) before preparing."
                 )
             return None
         if pc.tp_enabled:

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .. import checkpoint as ckpt
-from ..checkpoint_validate import check_model_state, check_optimizer_state
-from ..compile import strip_compile
+from ..checkpoint import state as ckpt
+from ..checkpoint.validate import check_model_state, check_optimizer_state
 from ..errors import CheckpointError, UnsafeCheckpointError
+from ..prepare.compile import strip_compile
 
 if TYPE_CHECKING:
-    from ..prepared import Prepared, RunContext
+    from ..prepare.prepared import Prepared, RunContext
 
 
 def _options(**kwargs: Any) -> Any:

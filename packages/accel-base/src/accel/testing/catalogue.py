@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..accelerator import Accelerator
-from ..adapter import PRECISIONS
+from ..adapter.base import PRECISIONS
+from ..adapter.registry import select_adapter
+from ..distributed.state import PartialState
 from ..errors import AdapterNotFoundError, CheckpointError
-from ..kwargs import DistributedDataParallelKwargs, GradientAccumulationPlugin
-from ..registry import select_adapter
-from ..state import PartialState
+from ..settings.kwargs import DistributedDataParallelKwargs, GradientAccumulationPlugin
 from ..strategies.fsdp import FSDPConfig
 from .problems import LR, build_model
 

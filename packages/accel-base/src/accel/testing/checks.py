@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from .. import ops
 from ..accelerator import Accelerator
-from ..kwargs import GradScalerKwargs, KwargsHandler
+from ..distributed import ops
+from ..settings.kwargs import GradScalerKwargs, KwargsHandler
 from .problems import (
     FP8_DIMS,
     HIDDEN,
@@ -337,7 +337,7 @@ def parallel(_: Path, kind: str) -> dict[str, Any]:
     """Train the kit's MLP under `kind` ("tp": tensor parallelism over every process; "hsdp": replicate x
     shard, 2 x (world / 2) on 4+ processes, else the 1 x world mesh) with SGD; return the losses (averaged
     over every rank), the gathered weights and the mesh the Accelerator built."""
-    from ..parallelism_config import ParallelismConfig
+    from ..strategies.parallelism_config import ParallelismConfig
 
     world = _rank_world()[1]
     if kind == "tp":

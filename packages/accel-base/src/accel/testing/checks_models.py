@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..accelerator import Accelerator
-from ..kwargs import TorchDynamoPlugin
+from ..settings.kwargs import TorchDynamoPlugin
 from .checks import TRAIN_STEPS, _rank_world, _sgd_setup, _train_slices, check
 from .problems import LR, PER_RANK, build_model, flat_params, make_data
 
@@ -24,7 +24,7 @@ def resume(out: Path, strategy: str) -> dict[str, Any]:
     saved_at, epochs = 3, 2
 
     def setup(init_seed: int) -> tuple[Accelerator, Any, Any, Any, Any]:
-        from ..state import AcceleratorState, GradientState
+        from ..distributed.state import AcceleratorState, GradientState
 
         AcceleratorState._reset_state(reset_partial_state=False)
         GradientState._reset_state()
@@ -107,7 +107,7 @@ def unwrap_model(_: Path, mode: str) -> dict[str, Any]:
 
 @check("compile")
 def compile_(_: Path, __: str) -> dict[str, Any]:
-    from ..compile import is_compiled_module
+    from ..prepare.compile import is_compiled_module
 
     acc = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="default"))
     model = build_model()
@@ -125,7 +125,7 @@ def compile_(_: Path, __: str) -> dict[str, Any]:
 
 @check("errors")
 def errors(out: Path, __: str) -> dict[str, Any]:
-    from ..state import AcceleratorState, GradientState
+    from ..distributed.state import AcceleratorState, GradientState
     from .catalogue import CASES, run_case
 
     reports = {}

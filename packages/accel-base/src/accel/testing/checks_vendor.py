@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..accelerator import Accelerator
-from ..registry import get_adapter_class
+from ..adapter.registry import get_adapter_class
 from ..utils import set_seed
 from .checks import _rank_world, check
 from .emulated import CallRecord, current_device_setters, record_calls
@@ -181,7 +181,7 @@ def vendor(out: Path, __: str) -> dict[str, Any]:
     if gen is not None:
         result["rng"] = _device_rng(out, acc, gen)
     if "fp16" in cls.capabilities.precisions:
-        from ..state import AcceleratorState, GradientState
+        from ..distributed.state import AcceleratorState, GradientState
 
         AcceleratorState._reset_state(reset_partial_state=False)
         GradientState._reset_state()

@@ -19,13 +19,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..adapter import Adapter
+from ..adapter.base import Adapter
 
 CORE = Path(__file__).resolve().parents[1]
 """The core's package folder (accel/), whose code the "runs from" text is read from."""
 # Receivers that hold an adapter class where the code does not say so in the name (registry and
 # the launch command keep the class in `cls`/`c`, `PluginRecord.loaded`).
-ADAPTER_CLASS_NAMES = {"registry": {"cls", "c", "loaded"}, "commands.launch": {"cls"}, "commands.env": {"cls"}}
+ADAPTER_CLASS_NAMES = {"adapter.registry": {"cls", "c", "loaded"}, "commands.launch": {"cls"}, "commands.env": {"cls"}}
 FIELD_NOTES = {
     "mixed_precision": 'The run\'s precision ("no", "bf16", "fp16", "fp8").',
     "autocast_kwargs": "Keyword arguments for `Adapter.autocast` (from `AutocastKwargs`).",
@@ -240,7 +240,7 @@ def _optional_rows() -> list[str]:
 def _prepare_context_rows() -> list[str]:
     import dataclasses
 
-    from ..prepare import PrepareContext
+    from ..prepare.context import PrepareContext
 
     docs = _attribute_docs(PrepareContext)
     lines = []

@@ -28,8 +28,8 @@ import safetensors.torch
 import torch
 from torch.testing import assert_close
 
-from ..adapter import Adapter, Capabilities
-from ..registry import availability, get_adapter_class
+from ..adapter.base import Adapter, Capabilities
+from ..adapter.registry import availability, get_adapter_class
 from . import problems
 from .catalogue import CASES, ErrorCase, matches
 from .checks import CLIP_NORM, CONVERGE_STEPS, FP16_INIT_SCALE, TRAIN_STEPS
@@ -96,7 +96,7 @@ class AdapterConformanceSuite:
     """Inherit it, set `adapter` (and `emulate`), and pytest runs the whole kit on that adapter."""
 
     adapter: ClassVar[str] = ""
-    """Name of the adapter under test (its entry point in `accel.adapters`)."""
+    """Name of the adapter under test (its entry point in `accel.adapter`)."""
     emulate: ClassVar[bool | None] = None
     """True: run the adapter's code on the CPU with gloo (`accel launch --emulate`); False: on
     its hardware; None (default): on the hardware when the adapter is available here, else

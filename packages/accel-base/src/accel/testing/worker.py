@@ -17,12 +17,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from accel.state import AcceleratorState, GradientState
-from accel.testing import (
+from ..distributed.state import AcceleratorState, GradientState
+from . import (
     checks_models,  # noqa: F401  (registers its checks)
     checks_vendor,
 )
-from accel.testing.checks import CHECKS
+from .checks import CHECKS
 
 
 def run(out: Path, names: list[str]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
+from accel.adapter.base import Adapter, Availability, Capabilities
 
 
 class RealNPUAdapter(Adapter):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from accel.adapter import Adapter, Availability
+from accel.adapter.base import Adapter, Availability
 
 
 class AbsentAdapter(Adapter):

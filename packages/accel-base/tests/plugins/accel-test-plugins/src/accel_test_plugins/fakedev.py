@@ -11,7 +11,7 @@ import os
 from typing import Any, ClassVar
 
 import torch
-from accel.adapter import Adapter, Availability, Capabilities
+from accel.adapter.base import Adapter, Availability, Capabilities
 
 
 class FakeDeviceAdapter(Adapter):

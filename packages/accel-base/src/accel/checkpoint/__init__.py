@@ -1,0 +1,7 @@
+"""Checkpoints: `save_state`/`load_state` (`state`), single files written atomically and hashed (`io`), where
+files live and how a new checkpoint replaces an old one (`layout`), and the checks a load passes before
+anything changes (`validate`)."""
+
+from .state import load_state, save_state
+
+__all__ = ["load_state", "save_state"]

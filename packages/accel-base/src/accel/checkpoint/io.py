@@ -1,0 +1,313 @@
+"""Single checkpoint files: written atomically, hashed as they are written, verified as they are read.
+
+- Weights are safetensors. Everything else is written with `torch.save` and read back with
+  `torch.load(weights_only=True)`: a file that would need arbitrary code to unpickle is
+  refused (`UnsafeCheckpointError`) and nothing in it runs.
+- Every writer returns the file's SHA-256. `torch.save` streams through the hash; a
+  safetensors file is hashed right after it is written, while it is still in the page cache.
+- A reader given the expected hash deserialises the file while a thread hashes it in chunks:
+  memory never holds a second copy of the file, and the page cache spares a second disk read.
+- Damaged files fail with a `CheckpointError` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..errors import CheckpointError, UnsafeCheckpointError
+
+_CODE_MARKERS = ("Unsupported global", "unsupported GLOBAL", "Can only create new object", "Can only build")
+_CHUNK = 1 << 22
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, target: BinaryIO) -> None:
+        self.target = target
+        self.sha256 = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.target.write(data)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+def _replace_into(path: Path, write: Callable[[Path], Any]) -> Any:
+    """Write through a temporary name in the same directory, then rename: all or nothing.
+
+    A failed write (disk full, permissions) removes the temporary file before re-raising.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        result = write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return result
+
+
+def hash_file(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@functools.cache
+def _hash_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-sha256")
+
+
+def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any]) -> Any:
+    """`parse(path)` while a thread hashes the same file in 4 MiB chunks.
+
+    Memory holds what `parse` builds and one chunk, never a second copy of the file; the two
+    reads share the page cache, and hashlib and file reads release the GIL, so verification
+    overlaps deserialisation. The file's identity, size and modification time must be the same
+    after both reads: a file replaced or rewritten in between fails instead of loading bytes the
+    hash did not see. A hash mismatch wins over a parse error: it says more about what happened.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint file {path} is missing.")
+    before = _identity(path)
+    digest = _hash_pool().submit(hash_file, path) if sha256 is not None else None
+    try:
+        result, error = parse(path), None
+    except Exception as exc:
+        result, error = None, exc
+    if digest is not None:
+        try:
+            actual = digest.result()
+        except OSError as exc:
+            raise CheckpointError(f"Checkpoint file {path} could not be read ({exc}).") from exc
+        if actual != sha256:
+            raise CheckpointError(
+                f"Checkpoint file {path} does not match the SHA-256 recorded when it was saved: it is truncated or "
+                "corrupted, or was changed after saving. Load an earlier checkpoint."
+            ) from error
+        if _identity(path) != before:
+            raise CheckpointError(f"Checkpoint file {path} changed while it was being read; load it again.")
+    if error is not None:
+        raise error
+    return result
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
+    """`torch.save`, atomically. Returns the file's SHA-256."""
+
+    def write(tmp: Path) -> str:
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
+        return writer.sha256.hexdigest()
+
+    return str(_replace_into(Path(path), write))
+
+
+def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu", sha256: str | None = None) -> Any:
+    """`torch.load` restricted to tensors and plain containers.
+
+    With `sha256`, the file's bytes must hash to it.
+
+    Raises:
+        UnsafeCheckpointError: the file would execute code to load.
+        CheckpointError: (naming the file) missing, truncated, corrupted or not matching `sha256`.
+    """
+    path = Path(path)
+
+    def parse(source: Path) -> Any:
+        try:
+            return torch.load(source, map_location=map_location, weights_only=True)
+        except Exception as exc:
+            text = str(exc)
+            # The weights-only unpickler also fails on plain damage ("Unsupported operand");
+            # only a refused global or object construction means the file wanted to run code.
+            if any(marker in text for marker in _CODE_MARKERS):
+                raise UnsafeCheckpointError(
+                    f"Refusing to load {path}: it contains objects that can only be rebuilt by running code "
+                    f"from the file (unrestricted pickle), which could execute anything. Nothing in it was run. "
+                    f"Only load checkpoints you trust, and re-save them with accel. Details: {_reason(text)}"
+                ) from exc
+            raise CheckpointError(
+                f"Checkpoint file {path} could not be read ({type(exc).__name__}: {_reason(text)}); it is truncated "
+                "or corrupted, or was not written by torch.save. Load an earlier checkpoint."
+            ) from exc
+
+    return _read_verified(path, sha256, parse)
+
+
+def _reason(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # torch's weights-only error buries the cause under generic advice; keep the cause.
+    cause = [line for line in lines if any(k in line for k in (*_CODE_MARKERS, "Unsupported operand"))]
+    return (cause or lines or [""])[0].replace("WeightsUnpickler error: ", "")
+
+
+def save_safetensors(
+    state_dict: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
+) -> str:
+    """Save tensors as safetensors, atomically; returns the file's SHA-256.
+
+    Tensors sharing memory (tied weights) are copied.
+    """
+
+    def write(tmp: Path) -> str:
+        save_file(_detach_for_save(state_dict), str(tmp), metadata=metadata or {"format": "pt"})
+        return hash_file(tmp)
+
+    return str(_replace_into(Path(path), write))
+
+
+def load_safetensors(
+    path: str | os.PathLike[str], device: str = "cpu", sha256: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Read a safetensors file (verified against `sha256` when given).
+
+    Raises:
+        CheckpointError: (naming the file) missing, not valid safetensors, or not matching `sha256`.
+    """
+    path = Path(path)
+
+    def parse(source: Path) -> dict[str, torch.Tensor]:
+        try:
+            # Each tensor is copied out of the file's mapping once; the mapping itself is the page cache.
+            return load_file(str(source), device=device)  # type: ignore[no-any-return]
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"Checkpoint file {path} is not valid safetensors ({exc}); it is truncated or corrupted."
+            ) from exc
+
+    tensors = _read_verified(path, sha256, parse)
+    # Every rank must walk a state dict in the same order (FSDP scatters key by key).
+    return {k: tensors[k] for k in sorted(tensors)}
+
+
+def load_json(path: str | os.PathLike[str], sha256: str | None = None) -> Any:
+    """Parse a JSON checkpoint file; any damage (bad bytes, bad UTF-8, bad JSON) is a `CheckpointError` naming it."""
+    path = Path(path)
+
+    def parse(source: Path) -> Any:
+        try:
+            return json.loads(source.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"Checkpoint file {path} is corrupted ({exc}). Load an earlier checkpoint.") from exc
+
+    return _read_verified(path, sha256, parse)
+
+
+def save_json(obj: Any, path: str | os.PathLike[str]) -> str:
+    """Write `obj` as JSON, atomically; returns the file's SHA-256."""
+    data = json.dumps(obj, indent=2).encode("utf-8")
+
+    def write(tmp: Path) -> str:
+        tmp.write_bytes(data)
+        return hashlib.sha256(data).hexdigest()
+
+    return str(_replace_into(Path(path), write))
+
+
+def _detach_for_save(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        t = tensor.detach().to("cpu")
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset())) if t.numel() else (id(t), 0)
+        # safetensors refuses tensors that share memory; a tied weight is saved as its own copy
+        # so the file loads strictly into a plain module.
+        t = t.clone() if key in seen else t.contiguous()
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+# ---- save_model ---------------------------------------------------------------------------
+def parse_size(size: int | str) -> int:
+    """'10GB' / '500MB' / 1024 -> bytes."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*", size.upper())
+    if not m:
+        raise ValueError(f"max_shard_size must be an int or a string like '10GB', got {size!r}.")
+    powers = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+    unit = m.group(2)
+    base = 1024 if "I" in unit else 1000
+    return int(float(m.group(1)) * base ** powers[unit[0] if unit[0] in "KMGT" else ""])
+
+
+def write_model_files(
+    state_dict: dict[str, torch.Tensor],
+    save_directory: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[Path]:
+    """Write a full state dict as `model.safetensors`, or shards plus `model.safetensors.index.json`."""
+    directory = Path(save_directory)
+    if directory.is_file():
+        raise ValueError(f"save_model needs a directory, but {directory} is a file.")
+    directory.mkdir(parents=True, exist_ok=True)
+    limit = parse_size(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    ext = "safetensors" if safe_serialization else "bin"
+    if len(shards) == 1:
+        path = directory / f"model.{ext}"
+        write_weights(shards[0], path, safe_serialization)
+        return [path]
+    written: list[Path] = []
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, start=1):
+        path = directory / f"model-{i:05d}-of-{len(shards):05d}.{ext}"
+        write_weights(shard, path, safe_serialization)
+        weight_map.update({k: path.name for k in shard})
+        written.append(path)
+    index = {
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state_dict.values())},
+        "weight_map": weight_map,
+    }
+    index_path = directory / f"model.{ext}.index.json"
+    save_json(index, index_path)
+    return [*written, index_path]
+
+
+def write_weights(state_dict: dict[str, torch.Tensor], path: Path, safe: bool) -> str:
+    """A model's weights as safetensors (`safe`) or a weights-only torch file; returns the SHA-256."""
+    if safe:
+        return save_safetensors(state_dict, path)
+    return save_torch(_detach_for_save(state_dict), path)

@@ -1,0 +1,341 @@
+"""Where a checkpoint's files live, and how a new checkpoint replaces an old one in place.
+
+A checkpoint directory may hold the user's own files (logs, configs, the training script
+when it is the working directory): accel replaces only the files its manifest lists and
+never touches anything else.
+
+A save writes every file into `<dir>/.accel-staging`, and its manifest last. Committing
+then moves the previous checkpoint's files into `<dir>/.accel-replaced` (its manifest
+first), moves the new files up, and moves the new manifest up last; the two hidden
+directories are removed afterwards. A kill at any instant leaves one loadable checkpoint:
+
+- `<dir>/accel_checkpoint.json` exists: that checkpoint (leftover hidden directories are
+  debris of a finished commit);
+- otherwise a complete `.accel-staging` (manifest present): the new checkpoint, its files
+  either still in staging or already moved up; the next save finishes the move first;
+- otherwise none (the new one was not complete, and the old manifest was never moved).
+
+Checkpoints written by accel before this layout (renamed into place whole) still load,
+including `<dir>.accel-old` left by a crash between that layout's two renames.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+from .io import load_json, save_json
+
+MANIFEST = "accel_checkpoint.json"
+STAGING = ".accel-staging"
+REPLACED = ".accel-replaced"
+TMP_SUFFIX = ".accel-tmp"
+"""Suffix of the sibling temporary directory of accel releases before in-place saves (removed when found)."""
+OLD_SUFFIX = ".accel-old"
+"""Suffix of the sibling directory those releases left when killed between their two renames."""
+FORMAT_VERSION = 2
+_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# Names accel writes into a checkpoint that Accelerate's save_state writes too (or an accel
+# checkpoint whose manifest was lost leaves): `seal` replaces such a file when it holds a checkpoint.
+_CHECKPOINT_FILE_RE = re.compile(
+    r"(?:model|optimizer|scheduler)(?:_\d+)?\.(?:safetensors|bin)|scaler\.pt|custom_checkpoint_\d+\.bin"
+    r"|random_states_\d+\.pt|dataloaders\.json"
+)
+_CHECKPOINT_DIR_RE = re.compile(r"pytorch_model_fsdp_\d+|optimizer_\d+")
+# Files only Accelerate writes: never touched, but named when an Accelerate checkpoint is replaced.
+_ACCELERATE_ONLY_RE = re.compile(
+    r"random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|(?:sampler|dl_state_dict)(?:_\d+)?\.bin"
+    r"|pytorch_model(?:_\d+)?\.bin"
+)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A complete checkpoint found on disk: its manifest and where each of its files is."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    staged: Path | None = None
+    """Set when a commit was interrupted: files not yet moved up are still here."""
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def path(self, name: str) -> Path:
+        """The file (or strategy directory) `name` of this checkpoint."""
+        if self.staged is not None and (self.staged / name).exists():
+            return self.staged / name
+        return self.directory / name
+
+    def sha256(self, name: str) -> str | None:
+        """The recorded hash of `name` (None for checkpoints written before hashes)."""
+        return self.hashes.get(name)
+
+
+def file_name(kind: str, i: int, ext: str) -> str:
+    """The file of the i-th prepared object of a kind: `optimizer.bin`, `optimizer_1.bin`, ..."""
+    return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
+
+
+def owned_names(manifest: dict[str, Any]) -> list[str]:
+    """Top-level names a manifest says accel wrote (files and strategy directories)."""
+    names = [*manifest.get("files", []), *manifest.get("rng_files", [])]
+    return [n for n in dict.fromkeys(str(n).split("/")[0] for n in names) if n and n not in (".", "..")]
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    manifest = load_json(path)
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"Checkpoint file {path} is corrupted: it is not an accel manifest.")
+    for key in ("files", "rng_files", "strategy_files"):
+        names = manifest.get(key, [])
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise CheckpointError(
+                f"Checkpoint file {path} is corrupted: its {key!r} entry must be a list of file names, got "
+                f"{type(names).__name__}. Load an earlier checkpoint."
+            )
+    hashes = manifest.get("sha256", {})
+    if not (isinstance(hashes, dict) and all(isinstance(v, str) and _SHA256_RE.fullmatch(v) for v in hashes.values())):
+        raise CheckpointError(
+            f"Checkpoint file {path} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, "
+            f"got {_describe(hashes)}. Load an earlier checkpoint."
+        )
+    return manifest
+
+
+def _describe(hashes: Any) -> str:
+    if isinstance(hashes, dict):
+        bad = next((k, v) for k, v in hashes.items() if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)))
+        return f"{bad[0]!r}: {str(bad[1])[:80]!r}"
+    return type(hashes).__name__
+
+
+def locate(directory: str | os.PathLike[str]) -> Located | None:
+    """The complete checkpoint at `directory`, or None. Reads only; never moves anything.
+
+    Raises:
+        CheckpointError: the manifest exists but is damaged (naming it).
+    """
+    directory = Path(directory)
+    if (directory / MANIFEST).is_file():
+        manifest = _read_manifest(directory / MANIFEST)
+        return Located(directory, manifest, hashes=dict(manifest.get("sha256", {})))
+    staged = directory / STAGING
+    if (staged / MANIFEST).is_file():
+        manifest = _read_manifest(staged / MANIFEST)
+        return Located(directory, manifest, staged=staged, hashes=dict(manifest.get("sha256", {})))
+    old = _sibling(directory, OLD_SUFFIX)
+    if not directory.exists() and (old / MANIFEST).is_file():
+        manifest = _read_manifest(old / MANIFEST)
+        return Located(old, manifest, hashes=dict(manifest.get("sha256", {})))
+    return None
+
+
+def is_complete(directory: str | os.PathLike[str]) -> bool:
+    """Whether `directory` holds a checkpoint that finished writing."""
+    try:
+        return locate(directory) is not None
+    except CheckpointError:
+        return False
+
+
+def list_checkpoints(project_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Complete automatic checkpoints under `<project_dir>/checkpoints`, oldest first."""
+    root = Path(project_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = _CHECKPOINT_RE.match(entry.name)
+        if m and entry.is_dir() and is_complete(entry):
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def checkpoint_number(directory: str | os.PathLike[str]) -> int | None:
+    """N for an automatic checkpoint directory `checkpoint_N`, else None."""
+    m = _CHECKPOINT_RE.match(Path(directory).name)
+    return int(m.group(1)) if m else None
+
+
+def _sibling(directory: Path, suffix: str) -> Path:
+    """`<directory><suffix>` beside it (absolute, so that "." has a name)."""
+    directory = directory.absolute()
+    return directory.with_name(directory.name + suffix)
+
+
+# ---- the writer's side ------------------------------------------------------------------------
+def begin(final: Path) -> Path:
+    """Make `final` ready for a new checkpoint and return an empty staging directory in it.
+
+    Finishes a commit a crash interrupted and clears debris first.
+
+    Raises:
+        CheckpointError: `final` exists and is not a directory.
+    """
+    if final.exists() and not final.is_dir():
+        raise CheckpointError(
+            f"save_state needs a directory, but {final} is a file. Choose another output_dir, or move the file."
+        )
+    legacy_tmp = _sibling(final, TMP_SUFFIX)
+    if legacy_tmp.is_dir():
+        shutil.rmtree(legacy_tmp)
+    old = _sibling(final, OLD_SUFFIX)
+    if not final.exists() and (old / MANIFEST).is_file():
+        os.replace(old, final)
+    final.mkdir(parents=True, exist_ok=True)
+    recover(final)
+    staging = final / STAGING
+    staging.mkdir()
+    return staging
+
+
+def recover(final: Path) -> None:
+    """Finish an interrupted commit (a complete staging directory) or remove incomplete debris."""
+    staging = final / STAGING
+    if not (final / MANIFEST).is_file() and (staging / MANIFEST).is_file():
+        _move_up(staging, final, _read_manifest(staging / MANIFEST))
+    for debris in (staging, final / REPLACED):
+        if debris.exists():
+            shutil.rmtree(debris)
+    legacy_old = _sibling(final, OLD_SUFFIX)
+    if legacy_old.is_dir() and (final / MANIFEST).is_file():
+        shutil.rmtree(legacy_old)
+
+
+def _previous(final: Path) -> dict[str, Any]:
+    if not (final / MANIFEST).is_file():
+        return {}
+    try:
+        return _read_manifest(final / MANIFEST)
+    except CheckpointError:
+        # A damaged manifest lists nothing: every same-named file counts as the user's below.
+        return {}
+
+
+def seal(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Check the staged checkpoint may replace what is in `final`, then write its manifest: it is complete.
+
+    A file of the new checkpoint's name that no accel manifest in `final` lists is replaced only
+    when it holds a checkpoint of that kind (as Accelerate's `save_state` writes them, or accel's
+    own files after a lost manifest), with a warning naming it; anything else makes the save fail.
+
+    Raises:
+        CheckpointError: a file of the new checkpoint would overwrite a file that is not a checkpoint file.
+    """
+    theirs = set(owned_names(_previous(final)))
+    clashing = sorted(n for n in owned_names(manifest) if (final / n).exists() and n not in theirs)
+    foreign = [n for n in clashing if not holds_a_checkpoint(final / n)]
+    if foreign:
+        raise CheckpointError(
+            f"save_state would overwrite {', '.join(foreign)} in {final}, which accel did not write (no accel "
+            "manifest there lists them, and they do not hold a checkpoint). Nothing was changed; move those files "
+            "or choose another output_dir."
+        )
+    if clashing:
+        others = sorted(p.name for p in final.iterdir() if _ACCELERATE_ONLY_RE.fullmatch(p.name))
+        kept = f" Kept as they are, and not part of the new checkpoint: {', '.join(others)}." if others else ""
+        warnings.warn(
+            f"save_state is replacing {', '.join(clashing)} in {final}: checkpoint files that no accel manifest "
+            f"lists (an Accelerate checkpoint, or an accel one whose manifest was lost). Every other file there is "
+            f"kept.{kept}",
+            UserWarning,
+            stacklevel=6,
+        )
+    save_json(manifest, staging / MANIFEST)
+
+
+def holds_a_checkpoint(path: Path) -> bool:
+    """Whether `path`, named like a file accel writes into a checkpoint, holds a checkpoint of that kind.
+
+    Only headers and archive directories are read: a safetensors header, a `torch.save` zip
+    archive (`.bin`, `.pt`), loader positions (`dataloaders.json`), a sharded checkpoint's
+    `.metadata` or DeepSpeed's `*model_states.pt`. Nothing is unpickled.
+    """
+    name = path.name
+    if path.is_dir():
+        if name == "pytorch_model":
+            return any(path.glob("*model_states.pt"))
+        return bool(_CHECKPOINT_DIR_RE.fullmatch(name)) and (path / ".metadata").is_file()
+    if not (path.is_file() and _CHECKPOINT_FILE_RE.fullmatch(name)):
+        return False
+    try:
+        if name.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if not 2 <= size <= min(path.stat().st_size - 8, 100_000_000):
+                    return False
+                return isinstance(json.loads(f.read(size)), dict)
+        if name.endswith(".json"):
+            states = json.loads(path.read_bytes())
+            return isinstance(states, list) and all(isinstance(s, dict) and "epoch" in s for s in states)
+        with zipfile.ZipFile(path) as archive:
+            return any(n == "data.pkl" or n.endswith("/data.pkl") for n in archive.namelist())
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
+def commit(staging: Path, final: Path) -> None:
+    """Replace the previous checkpoint's files in `final` with the sealed staged checkpoint's."""
+    replaced = final / REPLACED
+    replaced.mkdir()
+    if (final / MANIFEST).is_file():
+        # The manifest goes first: from here until the new one arrives, the staged checkpoint
+        # (complete) is the one a load finds.
+        os.replace(final / MANIFEST, replaced / MANIFEST)
+    # The previous checkpoint's files, and the unlisted checkpoint files `seal` accepted.
+    new = _read_manifest(staging / MANIFEST)
+    for name in dict.fromkeys([*owned_names(_previous(replaced)), *owned_names(new)]):
+        if (final / name).exists():
+            os.replace(final / name, replaced / name)
+    _move_up(staging, final, new)
+    shutil.rmtree(replaced)
+    shutil.rmtree(staging)
+
+
+def _move_up(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
+    for name in owned_names(manifest):
+        if (staging / name).exists():
+            if (final / name).is_dir():
+                shutil.rmtree(final / name)
+            os.replace(staging / name, final / name)
+    os.replace(staging / MANIFEST, final / MANIFEST)
+
+
+def new_manifest(files: list[str], rng_files: list[str], hashes: dict[str, str], **extra: Any) -> dict[str, Any]:
+    """The manifest of a checkpoint: its files, every file's SHA-256, and `extra` (step, processes)."""
+    return {"format": FORMAT_VERSION, **extra, "files": files, "rng_files": rng_files, "sha256": hashes}
+
+
+def prune(project_dir: str | os.PathLike[str], total_limit: int, keep: Iterable[Path] = ()) -> None:
+    """Delete the oldest automatic checkpoints beyond `total_limit` (only the files accel wrote)."""
+    keep = {Path(p) for p in keep}
+    existing = [p for _, p in list_checkpoints(project_dir) if p not in keep]
+    excess = len(existing) + len(keep) - total_limit
+    for path in existing[: max(0, excess)]:
+        remove_checkpoint(path)
+
+
+def remove_checkpoint(directory: Path) -> None:
+    """Remove the files of the checkpoint at `directory` (manifest first), and the directory if that empties it."""
+    found = locate(directory)
+    if found is None:
+        return
+    names = owned_names(found.manifest)
+    (directory / MANIFEST).unlink(missing_ok=True)
+    for name in [*names, STAGING, REPLACED]:
+        target = directory / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    if not any(directory.iterdir()):
+        directory.rmdir()

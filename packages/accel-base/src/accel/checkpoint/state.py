@@ -1,0 +1,393 @@
+"""`save_state` / `load_state`: checkpoints that are verified, never half-written, and never half-loaded.
+
+- Files: see `accel.checkpoint.io` (safetensors weights, weights-only torch files, a SHA-256
+  per file recorded in the manifest and checked on load).
+- Layout and replacement: see `accel.checkpoint.layout` (a save replaces only the files accel
+  wrote; a kill at any instant leaves the old or the new checkpoint loadable).
+- Every rank agrees at each phase: a save or load that fails on one rank raises the same
+  `CheckpointError` on all of them instead of leaving the others waiting in a collective.
+  A failed save removes its staging directory; a failed load changes none of the live
+  objects, because everything is read and checked before anything is applied
+  (`accel.checkpoint.validate`), what can be restored from a snapshot is applied next, and
+  the models, which cannot, last.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..distributed.tree import send_to_device
+from ..errors import CheckpointError
+from ..prepare.compile import strip_compile
+from . import layout
+from .io import (
+    hash_file,
+    load_safetensors,
+    load_torch,
+    parse_size,
+    save_json,
+    save_safetensors,
+    save_torch,
+    write_model_files,
+    write_weights,
+)
+from .layout import (
+    MANIFEST,
+    OLD_SUFFIX,
+    TMP_SUFFIX,
+    checkpoint_number,
+    file_name,
+    is_complete,
+    list_checkpoints,
+    prune,
+)
+from .validate import read_and_check, warn_if_unverified
+
+if TYPE_CHECKING:
+    from ..prepare.prepared import Prepared, RunContext
+
+__all__ = [
+    "MANIFEST",
+    "OLD_SUFFIX",
+    "TMP_SUFFIX",
+    "checkpoint_number",
+    "is_complete",
+    "list_checkpoints",
+    "load_safetensors",
+    "load_state",
+    "load_torch",
+    "parse_size",
+    "prune",
+    "run_on_every_rank",
+    "save_safetensors",
+    "save_state",
+    "save_torch",
+    "write_model_files",
+]
+
+
+# ---- agreement between ranks ----------------------------------------------------------------
+def _agree(ctx: RunContext, error: Exception | None, payload: Any = None) -> list[tuple[str | None, Any]]:
+    """Every rank's (error message or None, payload), on every rank."""
+    mine = (None if error is None else f"{type(error).__name__}: {error}", payload)
+    if not ctx.use_distributed:
+        return [mine]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * ctx.num_processes
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def _shared_directory(ctx: RunContext, directory: Path) -> Path:
+    """The one directory this rank's checkpoint lives in when ranks passed different paths.
+
+    Accelerate lets every rank pass its own `output_dir` (a per-rank temporary directory, say). accel keeps a
+    checkpoint whole in one directory (one manifest, one atomic commit), so ranks that disagree all use their
+    writer's path: the main process's, or with `save_on_each_node` their node's local main process's. Ranks
+    that agree (the usual case) keep their own path unchanged.
+    """
+    if not ctx.use_distributed:
+        return directory
+    import torch.distributed as dist
+
+    paths: list[Any] = [None] * ctx.num_processes
+    dist.all_gather_object(paths, (str(directory), ctx.local_process_index))
+    if len({path for path, _ in paths}) == 1:
+        return directory
+    owner = 0
+    if ctx.save_on_each_node:  # ranks are numbered node by node: the nearest local main at or below this rank
+        owner = max(rank for rank in range(ctx.process_index + 1) if paths[rank][1] == 0)
+    return Path(paths[owner][0])
+
+
+def _raise_if_failed(results: list[tuple[str | None, Any]], error: Exception | None, what: str) -> None:
+    if error is not None:
+        if isinstance(error, CheckpointError):
+            raise error
+        raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}") from error
+    failed = [(rank, msg) for rank, (msg, _) in enumerate(results) if msg is not None]
+    if failed:
+        rank, msg = failed[0]
+        raise CheckpointError(f"{what} failed on rank {rank}: {msg}")
+
+
+def _attempt(fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return fn(), None
+    except Exception as exc:  # reported to every rank by _agree, re-raised there
+        return None, exc
+
+
+# ---- save --------------------------------------------------------------------------------
+def save_state(
+    prepared: Prepared,
+    ctx: RunContext,
+    output_dir: str | os.PathLike[str],
+    *,
+    step: int = 0,
+    safe_serialization: bool = True,
+) -> Path:
+    """Write every prepared object's state to `output_dir`. Runs on all ranks.
+
+    Files in `output_dir` that accel did not write are kept; the previous checkpoint there is
+    replaced only once the new one is complete. Ranks may pass different `output_dir`s (as
+    Accelerate allows); the checkpoint is then written whole to the main process's (with
+    `save_on_each_node`, each node's local main process's) directory, and `load_state` with the
+    same per-rank paths reads it from there.
+
+    Raises:
+        CheckpointError: `output_dir` is a file, a write failed on any rank (disk full, read-only),
+            or a new file would overwrite one accel did not write. The previous checkpoint and the
+            user's files are intact, and no staging directory is left behind.
+    """
+    final = _shared_directory(ctx, Path(output_dir))
+    staging = final / layout.STAGING
+    writer = ctx.is_main_process or (ctx.save_on_each_node and ctx.is_local_main_process)
+    _, error = _attempt(lambda: layout.begin(final)) if writer else (None, None)
+    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
+
+    written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
+    results = _agree(ctx, error, written)
+    if any(msg is not None for msg, _ in results) and writer:
+        _remove(staging)
+    _raise_if_failed(results, error, f"save_state({final})")
+
+    error = None
+    if writer:
+        manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
+        _, error = _attempt(lambda: layout.seal(staging, final, manifest))
+        if error is not None:
+            _remove(staging)
+        else:
+            # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
+            # finished by the next save (layout.recover), so staging must stay.
+            _, error = _attempt(lambda: layout.commit(staging, final))
+    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
+    return final
+
+
+def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
+    """Write this rank's share; returns the names written and their hashes."""
+    for hook in prepared.save_state_pre_hooks.values():
+        hook(prepared.models, [], str(staging))
+    # A sharding strategy writes models and optimizers its own way (None: the default files).
+    custom = ctx.strategy.save_checkpoint_state(prepared, ctx, staging, writer=writer, safe_serialization=safe)
+    # Gathers (collectives) first, on every rank; then writes, on the writer only, so that a
+    # failed write cannot leave the other ranks waiting in a gather.
+    models = [] if custom is not None else [ctx.strategy.full_state_dict(strip_compile(m)) for m in prepared.models]
+    on_host = ctx.adapter.checkpoint_on_host
+
+    def host(obj: Any) -> Any:
+        return send_to_device(obj, torch.device("cpu")) if on_host else obj
+
+    hashes: dict[str, str] = {}
+    files: list[str] = list(custom or [])
+    if writer:
+        for i, sd in enumerate(models):
+            name = file_name("model", i, "safetensors" if safe else "bin")
+            hashes[name] = write_weights(sd, staging / name, safe)
+        optimizers = prepared.optimizers if custom is None else []
+        for i, opt in enumerate(optimizers):
+            hashes[file_name("optimizer", i, "bin")] = save_torch(
+                host(opt.state_dict()), staging / file_name("optimizer", i, "bin")
+            )
+        for i, sched in enumerate(prepared.schedulers):
+            hashes[file_name("scheduler", i, "bin")] = save_torch(
+                sched.state_dict(), staging / file_name("scheduler", i, "bin")
+            )
+        if prepared.scaler is not None:
+            hashes["scaler.pt"] = save_torch(prepared.scaler.state_dict(), staging / "scaler.pt")
+        loaders = [dl.state_dict() for dl in prepared.dataloaders]
+        hashes["dataloaders.json"] = save_json(loaders, staging / "dataloaders.json")
+        for i, obj in enumerate(prepared.custom_objects):
+            name = f"custom_checkpoint_{i}.bin"
+            hashes[name] = save_torch(host(obj.state_dict()), staging / name)
+        files += [n for n in hashes if n not in files]
+    # Every rank's RNG: dropout and every other consumer must continue exactly per rank.
+    rng = f"random_states_{ctx.process_index}.pt"
+    hashes[rng] = save_torch(ctx.adapter.get_rng_state(), staging / rng)
+    return {"files": files, "custom": list(custom or []), "hashes": hashes}
+
+
+def _manifest(ctx: RunContext, staging: Path, shares: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    hashes: dict[str, str] = {}
+    files: list[str] = []
+    custom: list[str] = []
+    for share in shares:
+        hashes.update(share["hashes"])
+        files += [n for n in share["files"] if n not in files]
+        custom += [n for n in share["custom"] if n not in custom]
+    # Files a strategy wrote itself (sharded checkpoints: one per rank) are hashed here, once
+    # every rank has finished writing them.
+    for name in custom:
+        hashes.update(_hash_tree(staging, name))
+    return layout.new_manifest(
+        files,
+        [f"random_states_{r}.pt" for r in range(ctx.num_processes)],
+        hashes,
+        num_processes=ctx.num_processes,
+        step=step,
+        strategy_files=custom,
+    )
+
+
+def _hash_tree(root: Path, name: str) -> dict[str, str]:
+    target = root / name
+    if target.is_file():
+        return {name: hash_file(target)}
+    return {path.relative_to(root).as_posix(): hash_file(path) for path in sorted(target.rglob("*")) if path.is_file()}
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- load --------------------------------------------------------------------------------
+def load_state(
+    prepared: Prepared, ctx: RunContext, input_dir: str | os.PathLike[str], *, strict: bool = True
+) -> dict[str, Any]:
+    """Restore what `save_state` wrote into the prepared objects. Returns the manifest.
+
+    Everything is read, verified against the recorded hashes and checked against the live
+    objects before anything is applied, on every rank. A checkpoint without recorded hashes
+    loads unverified, with one `UserWarning` saying so.
+
+    Raises:
+        CheckpointError: no complete checkpoint at `input_dir`, or any file is missing, damaged,
+            changed since saving or does not fit the prepared objects (naming the file). The
+            live model, optimizer and every other prepared object are then unchanged.
+        UnsafeCheckpointError: a file would execute code to load.
+    """
+    directory = _shared_directory(ctx, Path(input_dir))
+    what = f"load_state({directory})"
+    # A commit a crash interrupted is finished first (it moves only accel's own files), so
+    # that every reader, a strategy's included, finds the checkpoint in one directory.
+    _, error = _attempt(lambda: _finish_interrupted(directory)) if ctx.is_main_process else (None, None)
+    _raise_if_failed(_agree(ctx, error), error, what)
+    found, error = _attempt(lambda: _locate(directory))
+    _raise_if_failed(_agree(ctx, error), error, what)
+    assert found is not None
+
+    for hook in prepared.load_state_pre_hooks.values():
+        hook(prepared.models, str(directory))
+
+    custom = list(found.manifest.get("strategy_files", []))
+    if ctx.is_main_process:
+        warn_if_unverified(found)
+    plan, error = _attempt(lambda: read_and_check(prepared, ctx, found, strict, custom))
+    _raise_if_failed(_agree(ctx, error), error, what)
+    assert plan is not None
+
+    # Everything that can be undone first, agreed on by every rank; then a strategy's models and
+    # optimizers (it checks them before it changes anything); the default models last.
+    undo, error = _apply_undoable(ctx, plan)
+    results = _agree(ctx, error)
+    if any(msg is not None for msg, _ in results):
+        _undo(ctx, undo)
+    _raise_if_failed(results, error, what)
+    try:
+        handled = ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
+    except Exception as exc:
+        _undo(ctx, undo)
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"{what} failed in the {type(ctx.strategy).__name__} strategy's loader ({type(exc).__name__}: {exc}). "
+            "The schedulers, data loaders, registered objects and random states were restored; the models and "
+            "optimizers are as that strategy's loader left them."
+        ) from exc
+    if not handled:
+        for model, sd in plan["models"]:
+            ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=strict)
+    return dict(found.manifest)
+
+
+def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
+    """`fn()` on every rank; if it raised on any, the same `CheckpointError` on all of them.
+
+    For the read-and-check phase of a strategy's loader: no rank goes on to a collective that
+    applies a checkpoint another rank found unusable.
+    """
+    result, error = _attempt(fn)
+    _raise_if_failed(_agree(ctx, error), error, what)
+    return result
+
+
+def _finish_interrupted(directory: Path) -> None:
+    if (directory / layout.STAGING / MANIFEST).is_file() and not (directory / MANIFEST).is_file():
+        layout.recover(directory)
+
+
+def _locate(directory: Path) -> layout.Located:
+    found = layout.locate(directory)
+    if found is not None:
+        return found
+    if not directory.is_dir():
+        raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
+    raise CheckpointError(
+        f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
+        "or is not an accel checkpoint. Load an earlier checkpoint."
+    )
+
+
+def _apply_undoable(ctx: RunContext, plan: dict[str, Any]) -> tuple[list[tuple[Any, Any]], Exception | None]:
+    """Apply the optimizers, schedulers, scaler, loaders, registered objects and RNG of a checked plan.
+
+    Returns what restores each one (for `_undo`) and the error that stopped it, a
+    `CheckpointError` naming the file; on an error, what was applied is already restored.
+    """
+    undo: list[tuple[Any, Any]] = [(None, ctx.adapter.get_rng_state())]
+    steps = [(opt, state, path, "optimizer") for opt, state, path in plan["optimizers"]] + plan["objects"]
+    if plan["rng"] is not None:
+        steps.append((None, *plan["rng"], "random number generators"))
+    step: tuple[Any, Any, Path, str] | None = None
+    try:
+        for step in steps:
+            obj, state, _, what = step
+            if obj is None:
+                ctx.adapter.set_rng_state(state)
+                continue
+            # An optimizer's state_dict references its tensors, and loading replaces them rather
+            # than writing into them: its snapshot needs no copy.
+            undo.append((obj, obj.state_dict() if what == "optimizer" else copy.deepcopy(obj.state_dict())))
+            obj.load_state_dict(state)
+    except Exception as exc:
+        _undo(ctx, undo)
+        assert step is not None
+        error = CheckpointError(
+            f"Checkpoint file {step[2]} could not be loaded into the {step[3]} ({type(exc).__name__}: {exc}). "
+            "Nothing was loaded: the optimizers, schedulers, data loaders, registered objects and random states "
+            "were restored to their state before the call, and the models were not changed."
+        )
+        error.__cause__ = exc
+        return [], error
+    return undo, None
+
+
+def _undo(ctx: RunContext, undo: list[tuple[Any, Any]]) -> None:
+    """Restore every snapshot, newest first; one that cannot be restored does not stop the others."""
+    failed: list[str] = []
+    for obj, before in reversed(undo):
+        try:
+            if obj is None:
+                ctx.adapter.set_rng_state(before)
+            else:
+                obj.load_state_dict(before)
+        except Exception as exc:
+            failed.append(f"{type(obj).__name__ if obj is not None else 'random states'} ({type(exc).__name__}: {exc})")
+    if failed:
+        warnings.warn(
+            f"load_state could not restore {', '.join(failed)} to its state before the failed load.",
+            UserWarning,
+            stacklevel=2,
+        )

@@ -1,0 +1,281 @@
+"""Reading a checkpoint for `load_state`, and the checks that it fits the live objects, before anything is applied.
+
+`torch.nn.Module.load_state_dict` copies every matching tensor before it reports a missing
+key or a wrong shape, and `Optimizer.load_state_dict` accepts state tensors of any shape:
+both would leave the live objects half-overwritten or silently wrong. These checks raise a
+`CheckpointError` naming the file first, so a failed `load_state` changes nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..prepare.compile import unwrap_through
+from .io import hash_file, load_json, load_safetensors, load_torch
+from .layout import Located, file_name
+
+if TYPE_CHECKING:
+    from ..prepare.prepared import Prepared, RunContext
+
+
+def read_and_check(
+    prepared: Prepared, ctx: RunContext, found: Located, strict: bool, custom: list[str]
+) -> dict[str, Any]:
+    """Every file this rank needs, read and verified, and checked against the live objects.
+
+    Returns the plan ``accel.checkpoint` applies: each entry keeps the file
+    it came from, so that an error while applying still names it.
+    """
+    plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
+    rank, world = ctx.process_index, ctx.num_processes
+    # Files a strategy reads itself are verified here, each by one rank (they can be large).
+    for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
+        if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
+            raise CheckpointError(
+                f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
+                "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
+            )
+
+    def torch_file(name: str, **kw: Any) -> Any:
+        return load_torch(found.path(name), sha256=found.sha256(name), **kw)
+
+    if not custom:
+        for i, model in enumerate(prepared.models):
+            name = file_name("model", i, "safetensors")
+            if found.path(name).is_file():
+                sd = load_safetensors(found.path(name), sha256=found.sha256(name))
+            else:
+                name = file_name("model", i, "bin")
+                sd = torch_file(name)
+            live = unwrap_through(model, ctx.strategy).state_dict()
+            check_model_state(live, sd, found.path(name), strict=strict)
+            plan["models"].append((model, sd))
+        location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
+        for i, opt in enumerate(prepared.optimizers):
+            name = file_name("optimizer", i, "bin")
+            sd = torch_file(name, map_location=location)
+            check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
+            plan["optimizers"].append((opt, sd, found.path(name)))
+    for i, sched in enumerate(prepared.schedulers):
+        name = file_name("scheduler", i, "bin")
+        state = torch_file(name)
+        check_mapping(state, found.path(name), "scheduler")
+        plan["objects"].append((sched, state, found.path(name), "scheduler"))
+    if prepared.scaler is not None:
+        state = torch_file("scaler.pt")
+        check_scaler_state(state, prepared.scaler.state_dict(), found.path("scaler.pt"))
+        plan["objects"].append((prepared.scaler, state, found.path("scaler.pt"), "grad scaler"))
+    if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
+        path = found.path("dataloaders.json")
+        states = load_json(path, sha256=found.sha256("dataloaders.json"))
+        check_loader_states(states, path)
+        plan["objects"] += [(dl, st, path, "data loader") for dl, st in zip(prepared.dataloaders, states)]
+    for i, obj in enumerate(prepared.custom_objects):
+        name = f"custom_checkpoint_{i}.bin"
+        plan["objects"].append((obj, torch_file(name), found.path(name), "registered object"))
+    rng = f"random_states_{ctx.process_index}.pt"
+    plan["rng"] = None
+    if found.path(rng).is_file() or rng in found.hashes:
+        plan["rng"] = (torch_file(rng), found.path(rng))
+        check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
+    return plan
+
+
+def warn_if_unverified(found: Located) -> None:
+    """Once per load: which files have no recorded SHA-256, and so load unverified."""
+    listed = [*found.manifest.get("files", []), *found.manifest.get("rng_files", [])]
+    hashed = set(found.hashes)
+    bare = [n for n in listed if n not in hashed and not any(h.startswith(n + "/") for h in hashed)]
+    if not bare:
+        return
+    if "sha256" not in found.manifest and found.manifest.get("format", 1) == 1:
+        why = "it was written by an accel release that recorded no hashes"
+    else:
+        why = f"its manifest records none for {', '.join(bare[:6])}{' and others' if len(bare) > 6 else ''}"
+    warnings.warn(
+        f"Checkpoint {found.directory} is unverified: {why}, so a corrupted or changed file may load silently. "
+        "Saving it again with save_state records a SHA-256 for every file.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def check_model_state(live: dict[str, Any], loaded: dict[str, Any], path: Path, *, strict: bool) -> None:
+    """`loaded` has every key of `live` (when `strict`), no others, and each tensor's shape."""
+    if strict:
+        missing = sorted(set(live) - set(loaded))
+        unexpected = sorted(set(loaded) - set(live))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"Checkpoint file {path} does not fit the model: missing keys {_few(missing)}, unexpected keys "
+                f"{_few(unexpected)}. Nothing was loaded. Prepare the same model that was saved, or pass strict=False."
+            )
+    wrong = [
+        f"{k}: saved {tuple(v.shape)}, model {tuple(live[k].shape)}"
+        for k, v in loaded.items()
+        if k in live and isinstance(v, torch.Tensor) and isinstance(live[k], torch.Tensor) and v.shape != live[k].shape
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not fit the model (shape mismatch: {_few(wrong)}). Nothing was loaded."
+        )
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, loaded: Any, path: Path) -> None:
+    """`loaded` is an optimizer state dict for the same parameter groups, with state of matching shapes."""
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("param_groups"), list) or "state" not in loaded:
+        raise CheckpointError(f"Checkpoint file {path} is not an optimizer state dict. Nothing was loaded.")
+    groups = optimizer.param_groups
+    saved_sizes = [len(g.get("params", [])) for g in loaded["param_groups"]]
+    live_sizes = [len(g["params"]) for g in groups]
+    if saved_sizes != live_sizes:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not fit the optimizer: parameter groups of sizes {saved_sizes} were saved, "
+            f"the optimizer has {live_sizes}. Nothing was loaded."
+        )
+    ids = [pid for g in loaded["param_groups"] for pid in g["params"]]
+    params = {pid: p for pid, p in zip(ids, (p for g in groups for p in g["params"]))}
+    for pid, state in loaded["state"].items():
+        param = params.get(pid)
+        if param is None or not isinstance(state, dict):
+            raise CheckpointError(f"Checkpoint file {path} holds state for an unknown parameter {pid!r}.")
+        for key, value in state.items():
+            # State shaped like its parameter (Adam's moments) must match it; factored or scalar
+            # state (Adafactor's rows, step counters) has fewer dimensions and is left alone.
+            if isinstance(value, torch.Tensor) and value.dim() == param.dim() > 0 and value.shape != param.shape:
+                raise CheckpointError(
+                    f"Checkpoint file {path} does not fit the optimizer: state {key!r} of parameter {pid} has shape "
+                    f"{tuple(value.shape)}, the parameter {tuple(param.shape)}. Nothing was loaded."
+                )
+
+
+def check_mapping(value: Any, path: Path, what: str) -> None:
+    """`value` is a dict (a state dict of a scheduler, scaler or registered object)."""
+    if not isinstance(value, dict):
+        raise CheckpointError(f"Checkpoint file {path} does not hold a {what} state (got {type(value).__name__}).")
+
+
+def check_loader_states(value: Any, path: Path) -> None:
+    """`dataloaders.json` is a list of loader positions: `epoch` and `batches_yielded` (ints >= 0),
+    `seed` (an int or null) and `epoch_rng` (generator states, base64 text) when present."""
+    if not (isinstance(value, list) and all(isinstance(s, dict) for s in value)):
+        raise CheckpointError(f"Checkpoint file {path} does not hold data loader positions. Nothing was loaded.")
+    for i, state in enumerate(value):
+        wrong = [key for key in ("epoch", "batches_yielded") if not _count(state.get(key))]
+        seed = state.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            wrong.append("seed")
+        rng = state.get("epoch_rng")
+        if rng is not None and not (isinstance(rng, dict) and all(_base64(v) for v in rng.values())):
+            wrong.append("epoch_rng")
+        if wrong:
+            raise CheckpointError(
+                f"Checkpoint file {path} does not hold a position for data loader {i}: {', '.join(wrong)} missing or "
+                f"malformed (got {_brief(state)}). Nothing was loaded."
+            )
+
+
+def check_scaler_state(value: Any, live: dict[str, Any], path: Path) -> None:
+    """A grad scaler's state holds every entry the live scaler's has (it reads them all on load)."""
+    check_mapping(value, path, "grad scaler")
+    missing = sorted(set(live) - set(value))
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold a grad scaler state: {_few(missing)} missing. Nothing was loaded."
+        )
+
+
+def check_rng_state(value: Any, live: dict[str, Any], path: Path) -> None:
+    """A random-state file has every generator the live state has, each of the same form.
+
+    The device generators' state is compared only in kind (tensors, a list of tensors, a seed)
+    and only when both sides have one: a checkpoint may move between devices, or between
+    machines that see a different number of them.
+    """
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold random states (got {type(value).__name__}). Nothing was loaded."
+        )
+    missing = sorted(k for k, v in live.items() if k not in value and v is not None)
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold random states: {_few(missing)} missing. Nothing was loaded."
+        )
+    for key, mine in live.items():
+        theirs = value.get(key)
+        if key == "device":
+            if mine is None or theirs is None:
+                continue
+            problem = None if _kind(theirs) == _kind(mine) else f"{_kind(theirs)}, expected {_kind(mine)}"
+        else:
+            problem = _form_difference(theirs, mine)
+        if problem:
+            raise CheckpointError(
+                f"Checkpoint file {path} holds a {key!r} random state of another form ({problem}). Nothing was loaded."
+            )
+
+
+def _kind(state: Any) -> str:
+    """A device RNG state reduced to its kind: a tensor's dtype (not its length), a sequence's element kinds."""
+    if isinstance(state, torch.Tensor):
+        return f"a {state.dtype} tensor"
+    if isinstance(state, (list, tuple)):
+        return f"a sequence of {' or '.join(sorted({_kind(s) for s in state})) or 'nothing'}"
+    return type(state).__name__
+
+
+def _form_difference(saved: Any, live: Any, where: str = "") -> str | None:
+    """Where `saved` differs in form from `live` (container kinds, keys, lengths, tensor dtypes and shapes)."""
+    if isinstance(live, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            return f"{where or 'value'}: a tensor expected, got {type(saved).__name__}"
+        if saved.dtype != live.dtype or saved.shape != live.shape:
+            return f"{where or 'value'}: {saved.dtype} {tuple(saved.shape)}, expected {live.dtype} {tuple(live.shape)}"
+        return None
+    if isinstance(live, dict):
+        if not isinstance(saved, dict) or set(saved) != set(live):
+            return f"{where or 'value'}: keys {_brief(saved)}, expected {sorted(live)}"
+        return next((p for k in live if (p := _form_difference(saved[k], live[k], f"{where}[{k!r}]"))), None)
+    if isinstance(live, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(live):
+            return f"{where or 'value'}: {_brief(saved)}, expected a sequence of {len(live)}"
+        return next(
+            (p for i, (a, b) in enumerate(zip(saved, live)) if (p := _form_difference(a, b, f"{where}[{i}]"))), None
+        )
+    if isinstance(live, (int, float)) and not isinstance(live, bool):
+        ok = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+        return None if ok else f"{where or 'value'}: a number expected, got {type(saved).__name__}"
+    if isinstance(live, str) and not isinstance(saved, str):
+        return f"{where or 'value'}: text expected, got {type(saved).__name__}"
+    return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _base64(value: Any) -> bool:
+    import base64
+    import binascii
+
+    try:
+        return isinstance(value, str) and bool(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(map(repr, list(value)[:6])) + (", ..." if len(value) > 6 else "") + "}"
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"a tensor {tuple(value.shape)}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit]) or "none"
+    return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")

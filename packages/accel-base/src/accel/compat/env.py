@@ -1,0 +1,281 @@
+"""What `accelerate launch` tells its workers, honoured by accel.
+
+A script started by `accelerate launch --mixed_precision bf16 --use_deepspeed` (or under
+its config file) gets its settings as `ACCELERATE_*`, `FSDP_*` and `MEGATRON_LM_*`
+environment variables. `apply_accelerate_env` turns every one with an accel equivalent
+into accel's own variable (an `ACCEL_*` already set wins) and warns once, naming them,
+about the rest: the script never trains differently in silence.
+
+Under `ACCELERATE_USE_MEGATRON_LM`, the `MEGATRON_LM_*` degrees and options become the options of
+accel-megatron's `MegatronPlugin` (`MEGATRON_LM_TP_DEGREE` -> `tp_degree`); without it they are warned about.
+
+`launch_defaults` is the one place the `Accelerator` reads what a launcher decided beyond
+plain variables: the strategy's config (`ACCEL_STRATEGY_CONFIG`, JSON keyword arguments of
+the strategy's config class) and the dynamo options (`ACCEL_DYNAMO_*`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from .settings import (
+    MEGATRON_RENAMES,
+    SettingError,
+    as_bool,
+    deepspeed_kwargs,
+    dynamo_kwargs,
+    fsdp_kwargs,
+    megatron_kwargs,
+)
+
+# ACCELERATE_* -> ACCEL_*, value passed through `convert`.
+_DIRECT: dict[str, tuple[str, Callable[[str], str]]] = {
+    "ACCELERATE_MIXED_PRECISION": ("ACCEL_MIXED_PRECISION", str.lower),
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": ("ACCEL_GRADIENT_ACCUMULATION_STEPS", str),
+    "ACCELERATE_DYNAMO_BACKEND": ("ACCEL_DYNAMO_BACKEND", str.lower),
+    "ACCELERATE_DYNAMO_MODE": ("ACCEL_DYNAMO_MODE", str),
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH": ("ACCEL_DYNAMO_USE_FULLGRAPH", str.lower),
+    "ACCELERATE_DYNAMO_USE_DYNAMIC": ("ACCEL_DYNAMO_USE_DYNAMIC", str.lower),
+    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": ("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", str.lower),
+}
+# Boolean ACCELERATE_* that switch an ACCEL_* flag on.
+_FLAGS = {
+    "ACCELERATE_USE_CPU": "ACCEL_USE_CPU",
+    "ACCELERATE_DEBUG_MODE": "ACCEL_DEBUG_MODE",
+    "ACCELERATE_USE_PARALLELISM_CONFIG": "ACCEL_USE_PARALLELISM_CONFIG",
+}
+_STRATEGIES = {
+    "ACCELERATE_USE_DEEPSPEED": "deepspeed",
+    "ACCELERATE_USE_FSDP": "fsdp2",
+    "ACCELERATE_USE_MEGATRON_LM": "megatron",
+}
+_DEEPSPEED_VARS = {
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config_file",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "offload_optimizer_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "offload_param_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH": "offload_optimizer_nvme_path",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH": "offload_param_nvme_path",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT": "zero3_init_flag",
+    "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "zero3_save_16bit_model",
+    "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+}
+# Set by `accelerate launch` with nothing to honour: they change no numbers.
+_HARMLESS = {"ACCELERATE_CONFIG_DS_FIELDS", "ACCELERATE_ENABLE_RICH", "ACCELERATE_LOG_LEVEL"}
+# Set to a "no" by `accelerate launch` on every run; only a "yes" would ask for something.
+_OFF_BY_DEFAULT = {"ACCELERATE_USE_SAGEMAKER", "ACCELERATE_CPU_AFFINITY"}
+
+_warned = False
+
+
+def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[str]:
+    """Translate `accelerate launch`'s variables in `env` (default `os.environ`) into accel's.
+
+    Returns the variables that have no accel equivalent (and warns once per process
+    about them). An `ACCEL_*` variable already set is kept.
+
+    Raises:
+        SettingError: an FSDP or DeepSpeed setting accel cannot honour (FSDP1, NO_SHARD...),
+            naming the variable.
+    """
+    global _warned
+    env = os.environ if env is None else env
+    names = [k for k in env if k.startswith(("ACCELERATE_", "FSDP_", "MEGATRON_LM_"))]
+    if not names:
+        return []
+    unhonoured: list[str] = []
+    for name in names:
+        value = env[name]
+        if name in _DIRECT:
+            target, convert = _DIRECT[name]
+            env.setdefault(target, convert(value))
+        elif name in _FLAGS:
+            if as_bool(name, value):
+                env.setdefault(_FLAGS[name], "1")
+        elif name in _STRATEGIES:
+            if as_bool(name, value):
+                env.setdefault("ACCEL_STRATEGY", _STRATEGIES[name])
+        elif name in _OFF_BY_DEFAULT:
+            if as_bool(name, value):
+                unhonoured.append(name)
+        elif name.startswith("ACCELERATE_") and name not in _HARMLESS and name not in _DEEPSPEED_VARS:
+            unhonoured.append(name)
+    strategy = env.get("ACCEL_STRATEGY")
+    megatron_vars = sorted(name for name in names if name.startswith("MEGATRON_LM_"))
+    if strategy != "megatron":
+        unhonoured += megatron_vars  # they configure a strategy this run does not use
+    if "ACCEL_STRATEGY_CONFIG" not in env and strategy in ("fsdp2", "deepspeed"):
+        config = _strategy_config_from_accelerate(env, strategy)
+        if config:
+            env["ACCEL_STRATEGY_CONFIG"] = json.dumps(config)
+    elif "ACCEL_STRATEGY_CONFIG" not in env and strategy == "megatron" and megatron_vars:
+        config, unknown = _megatron_config_from_accelerate(env, megatron_vars)
+        unhonoured += unknown
+        if config:
+            env["ACCEL_STRATEGY_CONFIG"] = json.dumps(config)
+    if unhonoured and not _warned:
+        _warned = True
+        _warn(
+            f"accel cannot honour these `accelerate launch` settings and runs without them: "
+            f"{', '.join(sorted(unhonoured))}. See docs/launching.md for each one's accel equivalent."
+        )
+    return sorted(unhonoured)
+
+
+def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: str) -> dict[str, Any]:
+    """Strategy-config keyword arguments from Accelerate's FSDP_* or ACCELERATE_DEEPSPEED_* variables."""
+    if strategy == "fsdp2":
+        var_of = {
+            "fsdp_" + var.removeprefix("FSDP_").lower().replace("transformer_cls", "transformer_layer_cls"): var
+            for var in env
+            if var.startswith("FSDP_")
+        }
+        settings: dict[str, Any] = {key: env[var] for key, var in var_of.items()}
+        notes: list[str] = []  # FSDP_VERSION=1 (`--use_fsdp`'s default) runs FSDP2 with fsdp_kwargs' note
+        # Accelerate's plugin: no wrap policy set means NO_WRAP, and min_num_params only counts for
+        # SIZE_BASED_WRAP (its launcher always writes 1e8).
+        settings.setdefault("fsdp_auto_wrap_policy", "NO_WRAP")
+        if str(settings["fsdp_auto_wrap_policy"]).upper() != "SIZE_BASED_WRAP":
+            settings.pop("fsdp_min_num_params", None)
+        translate = fsdp_kwargs
+    else:
+        var_of = {key: var for var, key in _DEEPSPEED_VARS.items() if var in env}
+        settings, notes, translate = {key: env[var] for key, var in var_of.items()}, [], deepspeed_kwargs
+    try:
+        kwargs, more = translate(settings)
+    except SettingError as exc:
+        raise SettingError(var_of[exc.key], str(exc).split(": ", 1)[1]) from None
+    for note in notes + more:
+        key = note.split(" ", 1)[0]
+        _warn(f"{var_of[key]}{note[len(key) :]}" if key in var_of else note)
+    return kwargs
+
+
+def _megatron_config_from_accelerate(
+    env: MutableMapping[str, str], names: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """`MegatronPlugin` keyword arguments from `accelerate launch`'s `MEGATRON_LM_<OPTION>` variables
+    (`--megatron_lm_tp_degree 2` arrives as `MEGATRON_LM_TP_DEGREE=2`), and the variables accel-megatron
+    has no option for (warned about, like any setting accel cannot honour).
+
+    Raises:
+        SettingError: accel-megatron is not installed, or a value its option cannot take, naming the variable.
+    """
+    import dataclasses
+
+    try:
+        cls = strategy_config_class("megatron")
+    except SettingError as exc:
+        raise SettingError("ACCELERATE_USE_MEGATRON_LM", str(exc).split(": ", 1)[1]) from None
+    fields = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+    settings: dict[str, str] = {}
+    unknown: list[str] = []
+    var_of: dict[str, str] = {}
+    for var in names:
+        key = "megatron_lm_" + var.removeprefix("MEGATRON_LM_").lower()
+        option = MEGATRON_RENAMES.get(key.removeprefix("megatron_lm_"), key.removeprefix("megatron_lm_"))
+        if option not in fields:
+            unknown.append(var)
+        elif env[var] not in ("", "None"):  # Accelerate writes str(None) for an unset option
+            settings[key], var_of[key] = env[var], var
+    try:
+        return megatron_kwargs(settings), unknown
+    except SettingError as exc:
+        raise SettingError(var_of.get(exc.key, exc.key), str(exc).split(": ", 1)[1]) from None
+
+
+def _warn(message: str) -> None:
+    """A warning from the first process of each node only (every rank reads the same variables),
+    attributed to the user's line that built the Accelerator."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # accel/
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def launch_defaults(
+    strategy: str | None,
+    strategy_config: Any,
+    plugin_given: bool,
+    dynamo_backend: str | None,
+    dynamo_plugin: Any,
+) -> tuple[str | None, Any, Any]:
+    """The Accelerator's strategy, strategy config and dynamo plugin, with the launcher's
+    settings filling what the script left unset.
+
+    Returns `(strategy, strategy_config, dynamo_plugin)`; each is the argument given when
+    the script set it.
+    """
+    apply_accelerate_env()
+    env_strategy = os.environ.get("ACCEL_STRATEGY")
+    if strategy is None and env_strategy is None and not plugin_given:
+        from ..strategies.parallelism_config import from_environment
+
+        # A launcher's ParallelismConfig (`--use_parallelism_config`) composes on the FSDP2 strategy.
+        if from_environment() is not None:
+            strategy = "fsdp2"
+    raw = os.environ.get("ACCEL_STRATEGY_CONFIG")
+    if raw and strategy_config is None and not plugin_given and (strategy or env_strategy) == env_strategy:
+        strategy_config = strategy_config_from_json(env_strategy, raw)
+    if dynamo_plugin is None and dynamo_backend is None:
+        settings = {
+            key: os.environ[var]
+            for key in ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+            if (var := "ACCEL_" + key.upper()) in os.environ
+        }
+        if settings:
+            from ..settings.kwargs import TorchDynamoPlugin
+
+            dynamo_plugin = TorchDynamoPlugin(**dynamo_kwargs(settings))
+    return strategy, strategy_config, dynamo_plugin
+
+
+def strategy_config_from_json(strategy: str | None, raw: str) -> Any:
+    """The config object of `strategy` from JSON keyword arguments (a plain dict for strategies accel-base
+    does not know).
+
+    Raises:
+        SettingError: `raw` is not a JSON object. The config class raises on bad fields.
+    """
+    try:
+        kwargs = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingError("ACCEL_STRATEGY_CONFIG", f"not valid JSON ({exc}); unset it or fix it") from None
+    if not isinstance(kwargs, dict):
+        raise SettingError("ACCEL_STRATEGY_CONFIG", "must be a JSON object of the strategy config's fields")
+    cls = strategy_config_class(strategy)
+    return kwargs if cls is None else cls(**kwargs)
+
+
+def strategy_config_class(strategy: str | None) -> type[Any] | None:
+    """The config class whose keyword arguments `ACCEL_STRATEGY_CONFIG` holds for `strategy` (None: a plain
+    dict, for strategies accel-base does not know).
+
+    Raises:
+        SettingError: the megatron strategy without accel-megatron installed.
+    """
+    if strategy == "fsdp2":
+        from ..strategies.fsdp import FSDPConfig
+
+        return FSDPConfig
+    if strategy == "deepspeed":
+        from ..strategies.deepspeed.config import DeepSpeedPlugin
+
+        return DeepSpeedPlugin
+    if strategy == "megatron":
+        try:
+            from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
+        except ImportError:
+            raise SettingError(
+                "strategy", "megatron needs accel-megatron: pip install 'accel-megatron[megatron]'"
+            ) from None
+        return MegatronPlugin  # type: ignore[no-any-return]
+    return None

@@ -1,0 +1,262 @@
+"""Accelerate's FSDP, DeepSpeed and dynamo settings, translated into accel's.
+
+Accelerate spells one setting three ways: a launch flag (`--fsdp_offload_params true`), a
+config-file key (`fsdp_config: {fsdp_offload_params: true}`) and an environment variable
+for the workers (`FSDP_OFFLOAD_PARAMS=true`). All three arrive here as a mapping from the
+flag/key name to its value, and leave as keyword arguments for accel's own config classes
+(`FSDPConfig`, `DeepSpeedPlugin`, `TorchDynamoPlugin`). A setting accel cannot honour is
+a `SettingError` naming it and saying what to do; one whose absence changes no numbers is
+returned as a note for the caller to print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import AccelError
+
+
+class SettingError(AccelError, ValueError):
+    """An Accelerate setting (flag, config key or environment variable) accel cannot honour."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+TRUE = ("1", "true", "yes", "on", "y")
+FALSE = ("0", "false", "no", "off", "n", "")
+
+
+def as_bool(key: str, value: Any) -> bool:
+    """Accelerate's boolean spellings ("true", "True", "1", "yes", a real bool)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE:
+        return True
+    if text in FALSE:
+        return False
+    raise SettingError(key, f"expected true or false, got {value!r}")
+
+
+def _int(key: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SettingError(key, f"expected an integer, got {value!r}") from None
+
+
+def _float(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SettingError(key, f"expected a number, got {value!r}") from None
+
+
+def _names(value: Any) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(v).strip() for v in items if str(v).strip()]
+
+
+# Accelerate's FSDP1 sharding strategies, by name and by their 1-based index.
+_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def _sharding(key: str, value: Any) -> str:
+    text = str(value).strip().upper()
+    if text.isdigit() and 1 <= int(text) <= len(_SHARDING):
+        return _SHARDING[int(text) - 1]
+    if text not in _SHARDING:
+        raise SettingError(key, f"expected one of {', '.join(_SHARDING)}, got {value!r}")
+    return text
+
+
+def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`FSDPConfig` keyword arguments for Accelerate's `fsdp_*` settings, and notes to print.
+
+    `fsdp_version: 1` runs FSDP2 with a note (as the environment path does).
+
+    Raises:
+        SettingError: a setting FSDP2 in accel cannot honour (NO_SHARD, hybrid sharding,
+            forward prefetch, activation-checkpoint offload, an unknown key).
+    """
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if key == "fsdp_version":
+            version = _int(key, value)
+            if version not in (1, 2):
+                raise SettingError(key, f"expected 1 or 2, got {value!r}")
+            if version == 1:
+                # `accelerate config`/`--use_fsdp` write 1 unless told otherwise. FSDP2 trains the same numbers
+                # (sharded parameters, the same optimizer steps); only its memory layout and state-dict keys differ.
+                notes.append(
+                    f"{key} 1: accel implements FSDP2 only and runs it instead (same numbers, different memory); "
+                    "set 2 to silence this"
+                )
+        elif key == "fsdp_offload_params":
+            out["cpu_offload"] = as_bool(key, value)
+        elif key == "fsdp_min_num_params":
+            out["min_num_params"] = _int(key, value)
+        elif key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
+            if key == "fsdp_sharding_strategy" and settings.get("fsdp_reshard_after_forward") is not None:
+                continue  # FSDP2's own setting wins over the FSDP1 name (as in Accelerate)
+            if key == "fsdp_reshard_after_forward" and str(value).strip().lower() in TRUE + FALSE:
+                out["reshard_after_forward"] = as_bool(key, value)
+                continue
+            strategy = _sharding(key, value)
+            if strategy == "NO_SHARD":
+                raise SettingError(key, "NO_SHARD is plain data parallelism: use the ddp strategy instead")
+            if strategy.startswith("HYBRID"):
+                raise SettingError(
+                    key,
+                    "hybrid sharding (HSDP) is ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) "
+                    "(or parallelism_config_dp_replicate_size/_dp_shard_size; docs/parallelism.md)",
+                )
+            out["reshard_after_forward"] = strategy == "FULL_SHARD"
+        elif key == "fsdp_auto_wrap_policy":
+            policy = str(value).strip().lower()
+            if policy not in ("transformer_based_wrap", "size_based_wrap", "no_wrap"):
+                raise SettingError(key, f"expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got {value!r}")
+            out["auto_wrap_policy"] = policy
+        elif key == "fsdp_transformer_layer_cls_to_wrap":
+            out["transformer_cls_names_to_wrap"] = _names(value)
+        elif key == "fsdp_state_dict_type":
+            state_dict_type = str(value).strip().upper()
+            if state_dict_type not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+                raise SettingError(key, f"expected FULL_STATE_DICT or SHARDED_STATE_DICT, got {value!r}")
+            out["state_dict_type"] = state_dict_type
+        elif key == "fsdp_activation_checkpointing":
+            out["activation_checkpointing"] = as_bool(key, value)
+        elif key == "fsdp_backward_prefetch":
+            if str(value).strip().upper() not in ("BACKWARD_PRE", "NO_PREFETCH"):
+                raise SettingError(key, f"expected BACKWARD_PRE or NO_PREFETCH, got {value!r}")
+            notes.append(f"{key} is ignored: FSDP2 prefetches the next unit's parameters in backward by itself")
+        elif key == "fsdp_forward_prefetch":
+            if as_bool(key, value):
+                raise SettingError(key, "explicit forward prefetch is not supported by accel's FSDP2; set it to false")
+        elif key == "fsdp_use_orig_params":
+            if not as_bool(key, value):
+                raise SettingError(key, "FSDP2 always keeps the original parameters; set it to true")
+        elif key == "fsdp_activation_checkpointing_offload":
+            if as_bool(key, value):
+                raise SettingError(key, "offloading checkpointed activations is not supported; set it to false")
+        elif key == "fsdp_cpu_ram_efficient_loading":
+            out["cpu_ram_efficient_loading"] = as_bool(key, value)
+        elif key == "fsdp_sync_module_states":
+            if as_bool(key, value) and not as_bool(key, settings.get("fsdp_cpu_ram_efficient_loading", "false")):
+                notes.append(
+                    f"{key} is not honoured: FSDP2 shards each process's own initial weights, so seed every "
+                    "process the same (accel.utils.set_seed) or set fsdp_cpu_ram_efficient_loading (rank 0's weights)"
+                )
+        elif key == "fsdp_ignored_modules":
+            out["ignored_modules"] = str(value)
+        else:
+            raise SettingError(key, "not an FSDP setting accel knows")
+    return out, notes
+
+
+_DEEPSPEED_FIELDS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "deepspeed_config_file": ("hf_ds_config", lambda k, v: str(v)),
+    "zero_stage": ("zero_stage", _int),
+    "offload_optimizer_device": ("offload_optimizer_device", lambda k, v: str(v).lower()),
+    "offload_param_device": ("offload_param_device", lambda k, v: str(v).lower()),
+    "offload_optimizer_nvme_path": ("offload_optimizer_nvme_path", lambda k, v: str(v)),
+    "offload_param_nvme_path": ("offload_param_nvme_path", lambda k, v: str(v)),
+    "gradient_clipping": ("gradient_clipping", _float),
+    "zero3_init_flag": ("zero3_init_flag", as_bool),
+    "zero3_save_16bit_model": ("zero3_save_16bit_model", as_bool),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", _int),
+}
+_DEEPSPEED_MULTINODE = ("deepspeed_hostfile", "deepspeed_inclusion_filter", "deepspeed_exclusion_filter")
+
+
+def deepspeed_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`DeepSpeedPlugin` keyword arguments for Accelerate's DeepSpeed settings, and notes to print.
+
+    Raises:
+        SettingError: DeepSpeed's own multi-node launcher settings, MoE leaf classes, or an
+            unknown key.
+    """
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if key in _DEEPSPEED_FIELDS:
+            field, convert = _DEEPSPEED_FIELDS[key]
+            out[field] = convert(key, value)
+        elif key in _DEEPSPEED_MULTINODE:
+            raise SettingError(
+                key, "accel launch starts every node through torchrun; run `accel launch --nnodes N` on each node"
+            )
+        elif key == "deepspeed_multinode_launcher":
+            if str(value).lower() != "standard":
+                raise SettingError(key, "only 'standard' (torchrun on each node) is supported")
+        elif key == "deepspeed_moe_layer_cls_names":
+            raise SettingError(key, "set MoE leaf modules in the script with deepspeed.utils.set_z3_leaf_modules")
+        else:
+            raise SettingError(key, "not a DeepSpeed setting accel knows")
+    return out, notes
+
+
+def dynamo_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`TorchDynamoPlugin` keyword arguments for Accelerate's `dynamo_*` settings."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        name = key.removeprefix("dynamo_")
+        if name == "backend":
+            out["backend"] = str(value).lower()
+        elif name == "mode":
+            out["mode"] = str(value)
+        elif name in ("use_fullgraph", "use_dynamic", "use_regional_compilation"):
+            field = {"use_fullgraph": "fullgraph", "use_dynamic": "dynamic"}.get(name, name)
+            out[field] = as_bool(key, value)
+        else:
+            raise SettingError(key, "not a dynamo setting accel knows")
+    return out
+
+
+MEGATRON_RENAMES = {"context_parallel_size": "cp_degree"}
+
+
+def megatron_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`accel_megatron.MegatronPlugin` keyword arguments for Accelerate's `megatron_lm_*` settings.
+
+    Raises:
+        SettingError: accel-megatron is not installed, or it has no such option.
+    """
+    import dataclasses
+
+    try:
+        from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
+    except ImportError:
+        raise SettingError(
+            next(iter(settings), "megatron_lm"), "needs accel-megatron: pip install 'accel-megatron[megatron]'"
+        ) from None
+    fields = {f.name: f for f in dataclasses.fields(MegatronPlugin)}
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        name = key.removeprefix("megatron_lm_")
+        name = MEGATRON_RENAMES.get(name, name)
+        field = fields.get(name)
+        if field is None:
+            raise SettingError(key, "accel_megatron.MegatronPlugin has no such option; set it in the script")
+        default = field.default
+        if isinstance(default, bool):
+            out[name] = as_bool(key, value)
+        elif isinstance(default, int) or name in ("num_layers_per_virtual_pipeline_stage", "bucket_size"):
+            out[name] = _int(key, value)
+        elif name == "gradient_clipping":
+            out[name] = _float(key, value)
+        else:
+            out[name] = value
+    return out
