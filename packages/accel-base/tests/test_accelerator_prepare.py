@@ -84,18 +84,18 @@ def test_device_placement_per_object() -> None:
 
 
 def test_adapters_can_tell_a_requested_placement_from_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`PrepareContext.device_placement_requested`: True when the call asked (a `prepare` list, a
+    """`RunContext.device_placement_requested`: True when the call asked (a `prepare` list, a
     `prepare_model` argument), False for the Accelerator's default, `Accelerator(device_placement=...)`
     included; `device_placement` carries the value either way."""
     acc = Accelerator(device_placement=False)
     seen: list[tuple[bool, bool]] = []
-    original = acc.adapter.prepare_model
+    original = acc.adapter.optimize_model
 
     def spy(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         seen.append((ctx.device_placement, ctx.device_placement_requested))
         return original(model, ctx)
 
-    monkeypatch.setattr(acc.adapter, "prepare_model", spy)
+    monkeypatch.setattr(acc.adapter, "optimize_model", spy)
     acc.prepare(torch.nn.Linear(1, 1))
     acc.prepare(torch.nn.Linear(1, 1), device_placement=[True])
     acc.prepare(torch.nn.Linear(1, 1), device_placement=[False])

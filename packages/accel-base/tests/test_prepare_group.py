@@ -67,7 +67,7 @@ def test_optimizers_train_the_parameters_preparation_created(monkeypatch: pytest
     model = copy.deepcopy(reference)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    monkeypatch.setattr(CPUAdapter, "prepare_model", _replace_parameters)
+    monkeypatch.setattr(CPUAdapter, "place_model", _replace_parameters)
     accelerator = Accelerator()
     if together:
         model, opt = accelerator.prepare(model, opt)
@@ -188,15 +188,15 @@ def test_a_setup_that_drops_an_optimizer_is_refused() -> None:
 
 
 def test_an_adapter_sees_each_models_optimizers_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`PrepareContext.optimizers`: the core's pairing, for vendors that optimize a model with its optimizer."""
+    """`RunContext.optimizers`: the core's pairing, for vendors that optimize a model with its optimizer."""
     seen: dict[int, tuple] = {}
-    original = CPUAdapter.prepare_model
+    original = CPUAdapter.optimize_model
 
     def record(self, model, ctx):
         seen[id(model)] = ctx.optimizers
         return original(self, model, ctx)
 
-    monkeypatch.setattr(CPUAdapter, "prepare_model", record)
+    monkeypatch.setattr(CPUAdapter, "optimize_model", record)
     accelerator = Accelerator()
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
@@ -208,7 +208,7 @@ def test_an_adapter_sees_each_models_optimizers_of_the_call(monkeypatch: pytest.
 
 
 def test_an_optimizer_prepared_before_its_model_follows_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CPUAdapter, "prepare_model", _replace_parameters)
+    monkeypatch.setattr(CPUAdapter, "place_model", _replace_parameters)
     accelerator = Accelerator()
     model = Rebuilt()
     opt = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))

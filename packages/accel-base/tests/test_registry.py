@@ -248,7 +248,7 @@ def test_registry_caches_until_cleared(extra_entry_points: None) -> None:
 def test_adapter_for_another_api_version_is_refused_by_name(extra_entry_points: None) -> None:
     error = registry.broken_adapters()["future"]
     assert error.startswith(
-        f"built for adapter API {ADAPTER_API_VERSION + 1}, this accel-base speaks [1, 2] (current 2); upgrade"
+        f"built for adapter API {ADAPTER_API_VERSION + 1}, this accel-base speaks [1, 2, 3] (current 3); upgrade"
     )
     with pytest.raises(AdapterNotFoundError, match=r"'future' .* failed to load: built for adapter API"):
         registry.get_adapter_class("future")

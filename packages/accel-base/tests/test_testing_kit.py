@@ -3,6 +3,7 @@ failed ranks, and that its emulation check catches an adapter whose decisions de
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from accel import Accelerator
 from accel.adapter.base import Adapter, Capabilities
+from accel.prepare.walk import model_walk
 from accel.testing import AdapterConformanceSuite, KitRun, hardware_twin, module_tree
 from accel.testing.catalogue import CASES, matches, run_case
 from accel.testing.problems import build_model
@@ -21,23 +23,22 @@ class _Emulable(Adapter):
 
 
 class _Honest(_Emulable):
-    def prepare_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        return torch.nn.Sequential(super().prepare_model(model, ctx))
+    def optimize_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        return torch.nn.Sequential(model)
 
 
 class _BranchesOnEmulate(_Emulable):
-    def prepare_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        model = super().prepare_model(model, ctx)
+    def optimize_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         return model if self.emulate else torch.nn.Sequential(model)  # the anti-pattern
 
 
 @pytest.mark.parametrize(("cls", "same"), [(_Honest, True), (_BranchesOnEmulate, False)])
 def test_hardware_twin_exposes_decisions_that_depend_on_emulate(cls: type[Adapter], same: bool) -> None:
-    ctx = Accelerator()._context(True)
+    ctx = Accelerator()._run(device_placement=True)
     emulated = cls(emulate=True)
     twin = hardware_twin(emulated)
     assert twin.emulate is False and twin.device_type == "cpu" and twin.backend == "gloo"
-    trees = module_tree(emulated.prepare_model(build_model(), ctx)), module_tree(twin.prepare_model(build_model(), ctx))
+    trees = tuple(module_tree(model_walk(build_model(), replace(ctx, adapter=a))) for a in (emulated, twin))
     assert (trees[0] == trees[1]) is same
 
 

@@ -180,7 +180,7 @@ def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps
                     module._parameters[name] = torch.nn.Parameter(param.detach().clone())
         return model
 
-    monkeypatch.setattr(CPUAdapter, "prepare_model", swap_the_models_tensors)
+    monkeypatch.setattr(CPUAdapter, "optimize_model", swap_the_models_tensors)
     monkeypatch.setattr(CPUAdapter, "repoints_paired_optimizers", True)
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)

@@ -11,16 +11,30 @@ from accel import Accelerator, AdapterUnavailableError
 from accel.adapter.registry import select_adapter
 from accel.cli import _launch_parser, worker_env
 from accel.precision.base import remove_autocast_wrapper
-from accel.prepare.context import PrepareContext
+from accel.prepare.context import RunContext
+from accel.prepare.placement import check_on_device
+from accel.prepare.walk import convert_model
 from accel.strategies.base import Strategy
 from accel.strategies.ddp import DDPStrategy
 from accel_gaudi import GaudiAdapter, GaudiOptions, hpu_emulated
 from torch import nn
 
 
-def ctx(**kw) -> PrepareContext:
-    base = {"device": torch.device("meta"), "device_placement": True, "strategy": DDPStrategy()}
-    return PrepareContext(**{**base, **kw})
+def ctx(adapter: GaudiAdapter | None = None, **kw) -> RunContext:
+    base = {
+        "device": torch.device("meta"),
+        "device_placement": True,
+        "strategy": DDPStrategy(),
+        "adapter": adapter or GaudiAdapter(emulate=True),
+    }
+    return RunContext(**{**base, **kw})
+
+
+def walk(model: nn.Module, c: RunContext) -> nn.Module:
+    """The core's model steps for this adapter, as `prepare` runs them before the strategy."""
+    model = convert_model(model, c)
+    check_on_device(model, c)
+    return model
 
 
 # ---- device and detection ----------------------------------------------------------------
@@ -56,16 +70,16 @@ def test_fp16_is_refused_with_what_to_do():
 
 # ---- placement and evaluation mode ---------------------------------------------------------
 def test_single_process_places_the_model():
-    model = GaudiAdapter(emulate=True).prepare_model(nn.Linear(2, 2), ctx())
+    model = walk(nn.Linear(2, 2), ctx())
     assert model.weight.device.type == "meta"
 
 
 def test_multi_process_training_does_not_move_and_says_so():
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"does not move models.*\['cpu'\].*model.to\(accelerator.device\)"):
-        GaudiAdapter(emulate=True).prepare_model(model, ctx(use_distributed=True, num_processes=2))
+        walk(model, ctx(use_distributed=True, num_processes=2))
     # Under a strategy that places by itself nothing is moved and nothing refused.
-    kept = GaudiAdapter(emulate=True).prepare_model(model, ctx(use_distributed=True, strategy=Strategy()))
+    kept = walk(model, ctx(use_distributed=True, strategy=Strategy()))
     assert kept is model and model.weight.device.type == "cpu"
 
 
@@ -74,13 +88,11 @@ def test_multi_process_training_honours_a_requested_placement():
     # multi-HPU training; `prepare(..., device_placement=[True])` / `prepare_model(..., True)` moves.
     adapter = GaudiAdapter(emulate=True)
     multi = {"use_distributed": True, "num_processes": 2, "strategy": Strategy()}
-    moved = adapter.prepare_model(nn.Linear(2, 2), ctx(device_placement_requested=True, **multi))
+    moved = walk(nn.Linear(2, 2), ctx(adapter, device_placement_requested=True, **multi))
     assert moved.weight.device.type == "meta"
-    kept = adapter.prepare_model(nn.Linear(2, 2), ctx(device_placement_requested=False, **multi))
+    kept = walk(nn.Linear(2, 2), ctx(adapter, device_placement_requested=False, **multi))
     assert kept.weight.device.type == "cpu"
-    refused = adapter.prepare_model(
-        nn.Linear(2, 2), ctx(device_placement=False, device_placement_requested=True, **multi)
-    )
+    refused = walk(nn.Linear(2, 2), ctx(adapter, device_placement=False, device_placement_requested=True, **multi))
     assert refused.weight.device.type == "cpu"
 
 
@@ -88,12 +100,13 @@ def test_evaluation_mode_places_and_applies_only_precision():
     model = nn.Sequential(nn.Linear(2, 2))
     seen = []
     model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    c = ctx(device=torch.device("cpu"), use_distributed=True, evaluation_mode=True, mixed_precision="bf16")
-    prepared = GaudiAdapter(emulate=True, options={"force_autocast": True}).prepare_model(model, c)
+    adapter = GaudiAdapter(emulate=True, options={"force_autocast": True})
+    c = ctx(adapter, device=torch.device("cpu"), use_distributed=True, evaluation_mode=True, mixed_precision="bf16")
+    prepared = walk(model, c)
     assert prepared is model  # no DDP wrapper (and no process group needed)
     out = prepared(torch.ones(1, 2))
     assert seen == [torch.bfloat16] and out.dtype == torch.float32
-    moved = GaudiAdapter(emulate=True).prepare_model(nn.Linear(2, 2), ctx(use_distributed=True, evaluation_mode=True))
+    moved = walk(nn.Linear(2, 2), ctx(use_distributed=True, evaluation_mode=True))
     assert moved.weight.device.type == "meta"
 
 

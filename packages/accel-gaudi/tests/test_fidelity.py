@@ -253,8 +253,11 @@ def test_large_worlds_give_data_loader_workers_the_spawn_context(world, workers,
     from accel.strategies.base import Strategy
 
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=workers)
-    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=world)
-    GaudiAdapter(emulate=True).before_prepare([loader], ctx)
+    adapter = GaudiAdapter(emulate=True)
+    ctx = PrepareContext(
+        device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=world, adapter=adapter
+    )
+    adapter.before_prepare([loader], ctx)
     context = loader.multiprocessing_context
     assert (context is not None and context.get_start_method() == "spawn") is spawned
     assert spawned or context is None
@@ -268,8 +271,11 @@ def test_a_loaders_own_multiprocessing_context_is_kept():
 
     forked = multiprocessing.get_context("forkserver")
     loader = torch.utils.data.DataLoader(list(range(8)), num_workers=2, multiprocessing_context=forked)
-    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=16)
-    GaudiAdapter(emulate=True).before_prepare([loader], ctx)
+    adapter = GaudiAdapter(emulate=True)
+    ctx = PrepareContext(
+        device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=16, adapter=adapter
+    )
+    adapter.before_prepare([loader], ctx)
     assert loader.multiprocessing_context is forked
 
 
@@ -287,9 +293,15 @@ def test_deepspeed_optimizer_offload_keeps_the_torch_optimizer_and_refuses_lazy_
 
     monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
     strategy = DeepSpeedStrategy(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device=offload))
-    ctx = PrepareContext(device=torch.device("cpu"), device_placement=True, strategy=strategy)
-    opt = torch.optim.AdamW(nn.Linear(2, 2).parameters(), lr=0.01)
     adapter = GaudiAdapter(emulate=True)
+    ctx = PrepareContext(
+        device=torch.device("cpu"),
+        device_placement=True,
+        strategy=strategy,
+        adapter=adapter,
+        optimizer_on_host=strategy.optimizer_on_host(),
+    )
+    opt = torch.optim.AdamW(nn.Linear(2, 2).parameters(), lr=0.01)
     if kept is None:
         with pytest.raises(ValueError, match=r"^You can't use an Offload Optimizer with HPU in Lazy Mode\. Please set"):
             adapter.prepare_optimizer(opt, ctx)

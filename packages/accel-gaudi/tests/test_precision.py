@@ -112,11 +112,12 @@ def test_autocast_rule_and_fp8_option_are_unchanged(monkeypatch, env, mixed_prec
     assert_losses(losses, expected)
 
 
-def test_convert_to_fp8_hook_is_the_precisions_conversion():
-    from accel.prepare.context import PrepareContext
+def test_fp8_conversion_is_the_precision_classs():
+    from accel.prepare.context import RunContext
     from accel.strategies.ddp import DDPStrategy
 
     model = nn.Sequential(nn.Linear(2, 2))
-    ctx = PrepareContext(device=torch.device("cpu"), device_placement=False, strategy=DDPStrategy())
-    converted = GaudiAdapter(emulate=True).convert_to_fp8(model, ctx)
+    adapter = GaudiAdapter(emulate=True)
+    ctx = RunContext(device=torch.device("cpu"), device_placement=False, strategy=DDPStrategy(), adapter=adapter)
+    converted = GaudiPrecision("fp8", adapter).convert_fp8(model, ctx)
     assert converted is model and hpu_emulated.is_fp8_linear(model[0]) and model._accel_fp8_recipe is not None

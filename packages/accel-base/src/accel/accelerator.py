@@ -11,7 +11,6 @@ import dataclasses
 import gc
 import os
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,11 @@ from .distributed.state import AcceleratorState, DistributedType, GradientState
 from .errors import AccelError, CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
 from .precision.base import Precision, remove_autocast_wrapper
 from .prepare.compile import strip_compile, unwrap_through
-from .prepare.context import PrepareContext
-from .prepare.group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
 from .prepare.optimizer import AcceleratedOptimizer
+from .prepare.placement import check_device_map, verify_device_map
 from .prepare.prepared import Prepared, RunContext
-from .prepare.scheduler import AcceleratedScheduler, follow_replaced_optimizer
+from .prepare.scheduler import AcceleratedScheduler
+from .prepare.walk import PrepareWalk
 from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -62,7 +61,6 @@ from .strategies.parallelism_config import (
 )
 from .trackers.hub import TrackerHub
 
-_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 # Configuration objects that have their own `Accelerator` argument (a common slip is to pass them as handlers).
 _HANDLER_HINTS = {
     "ProjectConfiguration": " (pass it as `project_config=`)",
@@ -256,12 +254,14 @@ class Accelerator(AcceleratorCompatMixin):
         self.flag_tensor: torch.Tensor | None = None
         self.prepared = Prepared(scaler=self.scaler)
         """Every prepared object (the registry strategies and checkpoints receive)."""
-        self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        # Parameters that preparing a model replaced -> their replacements (optimizers are re-pointed).
-        self._parameter_map = ParameterMap()
-        self._paired_optimizers: dict[int, tuple[Any, ...]] = {}
-        self._adapter_repointed: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._in_prepare = False  # inside `prepare`: groups go to `Strategy.setup` at its end
+        self._walk = PrepareWalk(
+            prepared=self.prepared,
+            context=self._run,
+            placement_default=lambda: self.device_placement,
+            check_placement=self._check_placement,
+            scheduler_options=self._scheduler_options,
+        )
+        """The prepare walk (`accel.prepare.walk`): `prepare` and `prepare_*` delegate to it."""
         self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
@@ -292,8 +292,9 @@ class Accelerator(AcceleratorCompatMixin):
             self._asked_adapter_defaults = dict(self.adapter.strategy_defaults(self.strategy.name))
         return self._asked_adapter_defaults
 
-    def _run(self) -> RunContext:
-        """The frozen view of the run handed to strategies and checkpoints."""
+    def _run(self, **facts: Any) -> RunContext:
+        """The frozen view of the run handed to the adapter, strategies and checkpoints; `facts`: those of the
+        object being prepared or saved (`device_placement`, `evaluation_mode`, `optimizers`, ...)."""
         return RunContext(
             device=self.device,
             process_index=self.process_index,
@@ -302,14 +303,22 @@ class Accelerator(AcceleratorCompatMixin):
             is_main_process=self.is_main_process,
             is_local_main_process=self.is_local_main_process,
             use_distributed=self.use_distributed,
+            backend=self.adapter.backend,
             mixed_precision=self.mixed_precision,
+            autocast_kwargs=_autocast_kwargs(self.autocast_handler),
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             save_on_each_node=self.project_configuration.save_on_each_node,
             split_batches=self.split_batches,
+            ddp_kwargs=self.ddp_handler,
+            ddp_device_ids=self.adapter.ddp_device_ids(self.device),
+            dynamo_plugin=self.state.dynamo_plugin,
+            kwargs_handlers=self.kwargs_handlers,
+            adapter_defaults=self._adapter_defaults,
+            optimizer_on_host=self.strategy.optimizer_on_host(),
             adapter=self.adapter,
             strategy=self.strategy,
-            adapter_defaults=self._adapter_defaults,
-            dynamo_plugin=self.state.dynamo_plugin,
+            precision=self.precision,
+            **facts,
         )
 
     @property
@@ -440,36 +449,23 @@ class Accelerator(AcceleratorCompatMixin):
         return self.state._partial.on_local_process(function, local_process_index=local_process_index)
 
     # ---- prepare --------------------------------------------------------------------------
-    def _context(
-        self,
-        device_placement: bool,
-        evaluation_mode: bool = False,
-        optimizers: tuple[Any, ...] = (),
-        device_placement_requested: bool = False,
-    ) -> PrepareContext:
-        return PrepareContext(
-            device=self.device,
-            device_placement=device_placement,
-            device_placement_requested=device_placement_requested,
-            evaluation_mode=evaluation_mode,
-            mixed_precision=self.mixed_precision,
-            autocast_kwargs=_autocast_kwargs(self.autocast_handler),
-            strategy=self.strategy,
-            use_distributed=self.use_distributed,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            backend=self.adapter.backend,
-            ddp_kwargs=self.ddp_handler,
-            ddp_device_ids=self.adapter.ddp_device_ids(self.device),
-            dynamo_plugin=self.state.dynamo_plugin,
-            kwargs_handlers=self.kwargs_handlers,
-            adapter_defaults=self._adapter_defaults,
-            precision=self.precision,
-            optimizers=optimizers,
-        )
+    def _scheduler_options(self) -> dict[str, Any]:
+        return {
+            "step_with_optimizer": self.step_scheduler_with_optimizer,
+            "split_batches": self.split_batches,
+            "num_data_shards": self._data_shards()[0],
+        }
+
+    def _check_placement(self, model: torch.nn.Module, placement: bool) -> bool:
+        placement = check_device_map(model, placement, self.distributed_type, self.device)
+        if placement and getattr(self.strategy, "materialises_meta_models", False):
+            # A model built on the meta device (ranks > 0 under cpu_ram_efficient_loading): the strategy fills it.
+            placement = not any(p.is_meta for p in model.parameters())
+        return placement
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Prepare models, optimizers, data loaders and schedulers, in any order.
+        """Prepare models, optimizers, data loaders and schedulers, in any order (the walk:
+        `accel.prepare.walk`).
 
         Returns the prepared objects in the order given (one object alone is returned
         as is). Objects already prepared are returned unchanged.
@@ -480,8 +476,8 @@ class Accelerator(AcceleratorCompatMixin):
         """
         placements: list[bool | None]
         if device_placement is None:
-            # None per object: each prepare_* takes the Accelerator's default, and adapters can tell it
-            # from an explicit request (`PrepareContext.device_placement_requested`).
+            # None per object: each takes the Accelerator's default, and adapters can tell it
+            # from an explicit request (`RunContext.device_placement_requested`).
             placements = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(
@@ -490,78 +486,18 @@ class Accelerator(AcceleratorCompatMixin):
         else:
             self.strategy.validate_device_placement(device_placement)
             placements = list(device_placement)
-        self.strategy.validate_prepare(args, self._run())
-        objects = list(args)
-        # Paired by parameter identity before preparing changes any parameter.
-        groups = group_objects(
-            [None if getattr(o, "_is_accel_prepared", False) else o for o in objects],
-            is_model=lambda o: isinstance(o, torch.nn.Module),
-            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
-            is_scheduler=lambda o: o is not None and _prepare_stage(o) == 2,
+        result = self._walk.prepare(
+            args, placements, lambda loader, placement: self.prepare_data_loader(loader, device_placement=placement)
         )
-        # Each model's optimizers in this call, for adapters that optimize the two together.
-        self._paired_optimizers = {
-            id(objects[i]): tuple(o for o in objects if _holds_parameters_of(o, objects[i]))
-            for i in range(len(objects))
-            if isinstance(objects[i], torch.nn.Module) and not getattr(objects[i], "_is_accel_prepared", False)
-        }
-        self.adapter.before_prepare(objects, self._context(self.device_placement))
-        # Models and data loaders first: optimizers must see the placed parameters, and
-        # schedulers the prepared optimizers (whatever order the user passed them in).
-        result: list[Any] = list(objects)
-        self._in_prepare = True
-        try:
-            for stage in range(3):
-                for i, obj in enumerate(objects):
-                    if _prepare_stage(obj) == stage:
-                        result[i] = self._prepare_one(obj, placements[i])
-        finally:
-            self._paired_optimizers = {}
-            self._in_prepare = False
-        self.adapter.after_prepare(result, self._context(self.device_placement))
-        for index in groups:
-            self._setup_group(index, result)
-        steps = self.strategy.accumulation_steps()
+        steps = self._walk.accumulation_steps
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
             self.gradient_accumulation_steps = steps
-        # Checked once everything is placed and re-pointed (an adapter that moves parameters, FSDP2's
-        # shards), on the optimizers this call wrapped as they were given, except those paired with a
-        # model of this call by parameter identity: they train it by construction, whatever the
-        # adapter's preparing then made of the two (a vendor may keep the optimizer's tensors as
-        # masters and give the model new ones).
-        paired = {i for index in groups if index.model is not None for i in index.optimizers}
-        _warn_detached_optimizers(
-            [
-                res.optimizer
-                for i, (obj, res) in enumerate(zip(args, result))
-                if i not in paired and getattr(res, "optimizer", None) is obj
-            ],
-            self._models,
-        )
-        for obj in result:
-            with contextlib.suppress(AttributeError, TypeError):
-                obj._is_accel_prepared = True
         return result[0] if len(result) == 1 else tuple(result)
-
-    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
-        if getattr(obj, "_is_accel_prepared", False):
-            return obj
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, DataLoader):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=placement)
-        if isinstance(obj, _SCHEDULER_TYPES) or (
-            hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-        ):
-            return self.prepare_scheduler(obj)
-        return obj
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Place, set precision, apply the strategy and compile one model (through the adapter).
+        """Place, set precision, apply the strategy and compile one model (the walk's model steps).
 
         `evaluation_mode=True` prepares for inference only: no strategy wrapper.
 
@@ -569,114 +505,17 @@ class Accelerator(AcceleratorCompatMixin):
             ValueError: for quantized (8-bit/4-bit) or `device_map` models Accelerate
                 also refuses, with the same messages.
         """
-        requested = device_placement is not None
-        if device_placement is None:
-            device_placement = self.device_placement
-        device_placement = _check_device_map(model, device_placement, self.distributed_type, self.device)
-        if device_placement and getattr(self.strategy, "materialises_meta_models", False):
-            # A model built on the meta device (ranks > 0 under cpu_ram_efficient_loading): the strategy fills it.
-            device_placement = not any(p.is_meta for p in model.parameters())
-        before = ParameterMap.snapshot(model)
-        paired = self._paired_optimizers.get(id(model), ())
-        prepared = self.adapter.prepare_model(
-            model, self._context(device_placement, evaluation_mode, paired, device_placement_requested=requested)
-        )
-        if self.adapter.repoints_paired_optimizers:
-            self._adapter_repointed.update(paired)
-        if self._parameter_map.record(before, unwrap_through(prepared, self.strategy, keep_torch_compile=False)):
-            # Optimizers prepared in an earlier call than their model follow it too.
-            for wrapper in self._optimizers:
-                if wrapper.optimizer not in self._adapter_repointed:
-                    self._parameter_map.repoint(wrapper.optimizer)
-        self._models.append(prepared)
-        return prepared
+        return self._walk.prepare_model(model, device_placement, evaluation_mode)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wrap an optimizer so it steps with accumulation and the grad scaler."""
-        if getattr(optimizer, "_is_accel_prepared", False):
-            if optimizer not in self._optimizers:
-                self._optimizers.append(optimizer)  # type: ignore[arg-type]
-            return optimizer  # type: ignore[return-value]
-        if device_placement is None:
-            device_placement = self.device_placement
-        original = optimizer
-        # Onto the parameters that preparing its model created (placement, sharding), once, here.
-        if optimizer not in self._adapter_repointed:
-            self._parameter_map.repoint(optimizer)
-        optimizer = self.adapter.prepare_optimizer(optimizer, self._context(device_placement))
-        if optimizer is not original:  # schedulers follow the adapter's replacement (a fused optimizer)
-            self._follow_replaced_optimizer(original, optimizer)
-        wrapped = AcceleratedOptimizer(
-            optimizer,
-            device_placement=device_placement,
-            adapter=self.adapter,
-            device=self.device,
-            precision=self.precision,
-        )
-        self._optimizers.append(wrapped)
-        if not self._in_prepare:  # called on its own: the strategy's `setup` sees it as a group of one
-            self._setup_group(GroupIndex(optimizers=[0]), [wrapped])
-        return wrapped
+        return self._walk.prepare_optimizer(optimizer, device_placement)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap a scheduler so it steps only with real optimizer steps."""
-        if getattr(scheduler, "_is_accel_prepared", False):
-            return scheduler  # type: ignore[no-any-return]
-        optimizer = scheduler.optimizer
-        replacement = self._replaced_optimizers.get(id(optimizer))
-        if replacement is not None and replacement[0]() is optimizer:
-            follow_replaced_optimizer(scheduler, optimizer, replacement[1])
-            optimizer = replacement[1]
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is optimizer or opt is optimizer] or [optimizer]
-        wrapped = AcceleratedScheduler(
-            scheduler,
-            optimizers,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-            num_data_shards=self._data_shards()[0],
-        )
-        self._schedulers.append(wrapped)
-        if not self._in_prepare:
-            self._setup_group(GroupIndex(schedulers=[0]), [wrapped])
-        return wrapped
-
-    def _setup_group(self, index: GroupIndex, result: list[Any]) -> None:
-        """Hand one group of prepared objects to `Strategy.setup` and put what it replaced in place."""
-        opt_wrappers = [result[i] for i in index.optimizers]
-        sched_wrappers = [result[i] for i in index.schedulers]
-        group = PrepareGroup(
-            model=None if index.model is None else result[index.model],
-            optimizers=[w.optimizer for w in opt_wrappers],
-            schedulers=[w.scheduler for w in sched_wrappers],
-        )
-        new = self.strategy.setup(group, self.prepared, self._run())
-        if len(new.optimizers) != len(group.optimizers) or len(new.schedulers) != len(group.schedulers):
-            raise TypeError(
-                f"{type(self.strategy).__name__}.setup must return a group with as many optimizers and schedulers as "
-                f"it received ({len(group.optimizers)} and {len(group.schedulers)}), each replaced or unchanged."
-            )
-        if index.model is not None and new.model is not group.model:
-            self.prepared.replace_model(group.model, new.model)  # type: ignore[arg-type]
-            result[index.model] = new.model
-        # Schedulers the strategy replaced first: those it kept then follow a replaced optimizer.
-        for wrapper, old, replacement in zip(sched_wrappers, group.schedulers, new.schedulers):
-            if replacement is not old:
-                wrapper.scheduler = replacement
-        for wrapper, old, replacement in zip(opt_wrappers, group.optimizers, new.optimizers):
-            if replacement is not old:
-                wrapper.optimizer = replacement
-                if not self.strategy.rebuilds_schedulers:
-                    self._follow_replaced_optimizer(old, replacement)
-
-    def _follow_replaced_optimizer(self, old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
-        """Schedulers follow an optimizer the strategy or adapter replaced: those prepared already
-        now, and those prepared later (in this or a later `prepare` call) when they are wrapped."""
-        self._replaced_optimizers[id(old)] = (weakref.ref(old), new)
-        for sched in self._schedulers:
-            if sched.scheduler.optimizer is old:
-                follow_replaced_optimizer(sched.scheduler, old, new)
+        return self._walk.prepare_scheduler(scheduler)
 
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
@@ -703,7 +542,7 @@ class Accelerator(AcceleratorCompatMixin):
             non_blocking=config.non_blocking,
             gradient_state=self.gradient_state,
             stateful=config.use_stateful_dataloader,
-            extra_kwargs=self.adapter.prepare_data_loader_kwargs(self._context(device_placement)),
+            extra_kwargs=self.adapter.prepare_data_loader_kwargs(self._run(device_placement=device_placement)),
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -899,7 +738,7 @@ class Accelerator(AcceleratorCompatMixin):
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """Whether `model` (or a submodule) was loaded with a `device_map` spanning several devices."""
-        return _verify_device_map(model)
+        return verify_device_map(model)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict of `model` (gathered if it is sharded). Call it on every process."""
@@ -1129,34 +968,6 @@ def _is_map_style(loader: Any) -> bool:
     return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
 
 
-def _holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
-    """Whether `obj` is an unprepared optimizer holding a parameter of `model`."""
-    if not isinstance(obj, torch.optim.Optimizer) or getattr(obj, "_is_accel_prepared", False):
-        return False
-    params = {id(p) for p in model.parameters()}
-    return any(id(p) in params for p in optimizer_params(obj))
-
-
-def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
-    """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
-    if not prepared_models:
-        return
-    owned = {id(p) for model in prepared_models for p in model.parameters()}
-    for obj in optimizers:
-        if not isinstance(obj, torch.optim.Optimizer):
-            continue
-        params = [p for group in obj.param_groups for p in group["params"]]
-        if params and not any(id(p) in owned for p in params):
-            warnings.warn(
-                f"The {type(obj).__name__} optimizer passed to `prepare` holds {len(params)} parameter tensor(s), none "
-                "of which belongs to a model prepared by this Accelerator, so stepping it trains none of them. Build "
-                "the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
-                "and pass both to the same `prepare` call, or build it from the prepared model's parameters.",
-                UserWarning,
-                stacklevel=3,
-            )
-
-
 def _accumulation_steps(steps: Any) -> int:
     """`gradient_accumulation_steps`, or `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set: an int >= 1."""
     if isinstance(steps, float) and steps.is_integer():
@@ -1294,62 +1105,3 @@ def _pick_strategy(
             raise ValueError(f"strategy={strategy!r} conflicts with the {name} plugin you passed.")
         return name, plugin
     return strategy, config
-
-
-def _prepare_stage(obj: Any) -> int:
-    if isinstance(obj, torch.optim.Optimizer):
-        return 1
-    if isinstance(obj, _SCHEDULER_TYPES) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-    ):
-        return 2
-    return 0
-
-
-def _check_device_map(
-    model: torch.nn.Module, device_placement: bool, distributed_type: DistributedType, device: torch.device
-) -> bool:
-    """Accelerate's rules for quantized and `device_map` models; returns the placement to use."""
-    device_map = getattr(model, "hf_device_map", None)
-    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
-    if quantized and device_map:
-        devices = set(device_map.values())
-        if len(devices) > 1 and distributed_type != DistributedType.NO:
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision on multiple devices in any "
-                "distributed mode. In order to use 8-bit or 4-bit models that have been loaded across multiple devices "
-                "the solution is to use Naive Pipeline Parallelism. Therefore you should not specify that you are "
-                "under any distributed regime in your accel config."
-            )
-        if len(devices) == 1:
-            only = next(iter(devices))
-            if isinstance(only, int):
-                only = torch.device(device.type, only)
-            elif isinstance(only, str) and only not in ("cpu", "disk"):
-                only = torch.device(only)
-            if isinstance(only, torch.device) and (
-                only.type != device.type or (only.index or 0) != (device.index or 0)
-            ):
-                raise ValueError(
-                    "You can't train a model that has been loaded in 8-bit or 4-bit precision on a different device than "
-                    f"the one you're training on ({device}). Make sure you loaded the model on the correct device using "
-                    "for example `device_map={'': accelerator.device}`."
-                )
-        if "cpu" in devices or "disk" in devices:
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload. "
-                "Load it entirely on the accelerator, or train it unquantized."
-            )
-        return False
-    if _verify_device_map(model):
-        if distributed_type != DistributedType.NO:
-            raise ValueError(
-                "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode. "
-                "Please rerun your script specifying `--num-processes 1` or by launching with `python {myscript.py}`."
-            )
-        return False
-    return device_placement
-
-
-def _verify_device_map(model: torch.nn.Module) -> bool:
-    return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())

@@ -19,6 +19,11 @@ class StrategyNotSupportedError(AccelError, ValueError):
     """The selected adapter does not support the requested strategy (`Capabilities.strategies`)."""
 
 
+class CompileNotSupportedError(AccelError, ValueError):
+    """The selected adapter does not run `torch.compile`, or not with the backend asked for
+    (`Capabilities.compile`, `Adapter.compile_backends`)."""
+
+
 class AdapterUnavailableError(AccelError, RuntimeError):
     """The requested adapter is installed but its hardware is not present."""
 

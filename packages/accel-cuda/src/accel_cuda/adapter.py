@@ -14,12 +14,11 @@ import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
 from accel.data.loader import DataLoaderShard
 
-from . import fp8
 from .options import CUDAOptions, TF32Kwargs
 from .precision import CUDAPrecision
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 
 class CUDAAdapter(Adapter):
@@ -100,32 +99,8 @@ class CUDAAdapter(Adapter):
             return False  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
         return super().supports_precision(precision)
 
-    def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Swap Linears for fp8 ones with the backend the handlers name, else whichever is installed.
-        Converting twice is a no-op.
-
-        Raises:
-            accel_cuda.fp8.FP8BackendError: neither TransformerEngine nor torchao is installed
-                (the message names both), the named one is not, or the GPU has no fp8.
-        """
-        if getattr(model, "_accel_fp8_backend", None) is not None:
-            return model
-        te_kwargs = ctx.handler(fp8.TERecipeKwargs)
-        ao_kwargs = ctx.handler(fp8.AORecipeKwargs)
-        backend = fp8.choose_backend(self.vendor, te_kwargs, ao_kwargs)
-        with torch.no_grad():
-            if backend == "te":
-                fp8.convert_te(model, self.vendor)
-                model._accel_te_recipe = (te_kwargs or fp8.TERecipeKwargs()).recipe(self.vendor)
-            else:
-                ao_kwargs = ao_kwargs or fp8.AORecipeKwargs()
-                keep = ao_kwargs.module_filter_func or fp8.default_ao_filter(model)
-                self.vendor.ao_convert(model, ao_kwargs.config, keep)
-        model._accel_fp8_backend = backend  # type: ignore[assignment]
-        return model
-
     # ---- prepare --------------------------------------------------------------------------
-    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         tf32 = ctx.handler(TF32Kwargs)
         if tf32 is not None:
             self.vendor.set_tf32(tf32.matmul, tf32.cudnn)
@@ -137,10 +112,10 @@ class CUDAAdapter(Adapter):
         """Whether prepared data loaders pin their batches (option on, and the runtime can)."""
         return self.config.pin_memory and bool(self.vendor.can_pin_memory())
 
-    def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
+    def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
         return {"pin_memory": True} if ctx.device_placement and self.pins_memory() else {}
 
-    def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
+    def after_prepare(self, prepared: list[Any], ctx: RunContext) -> None:
         # The core's loader copies with the user's `non_blocking`; pinned batches make an
         # asynchronous copy safe, so turn it on for the loaders this adapter pinned.
         if not self.config.non_blocking:

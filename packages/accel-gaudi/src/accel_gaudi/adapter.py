@@ -20,7 +20,7 @@ from .options import GaudiOptions
 from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
     from accel.settings.kwargs import TorchDynamoPlugin
 
 
@@ -102,27 +102,16 @@ class GaudiAdapter(Adapter):
         return self._lazy
 
     # ---- prepare --------------------------------------------------------------------------
-    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Placement, precision, the strategy (not in evaluation mode), then compilation.
-
-        Placement follows Gaudi's own rule: by default a model is not moved in multi-HPU training
-        (the script places it), but a placement asked for in the call
-        (`prepare(..., device_placement=[True, ...])`, `prepare_model(model, device_placement=True)`)
-        is honoured there too; `Accelerator(device_placement=...)` is the default, not a request.
-
-        Raises:
-            ValueError: a multi-HPU DDP/fast_ddp model whose parameters are not on the HPU
-                yet, or `fast_ddp` asked for under another strategy.
-        """
+    def places_model(self, ctx: RunContext) -> bool:
+        """Gaudi's own placement rule: by default a model is not moved in multi-HPU training (the script
+        places it), but a placement asked for in the call (`prepare(..., device_placement=[True, ...])`,
+        `prepare_model(model, device_placement=True)`) is honoured there too;
+        `Accelerator(device_placement=...)` is the default, not a request. A model left on the host under
+        DDP or fast_ddp is refused by the core (`Strategy.needs_model_on_device`)."""
         training_distributed = ctx.use_distributed and not ctx.evaluation_mode
-        if ctx.device_placement and (ctx.device_placement_requested or not training_distributed):
-            model = self.place_model(model, ctx)
-        model = self.apply_precision(model, ctx)
-        if not ctx.evaluation_mode:
-            model = self.apply_strategy(model, ctx)
-        return self.compile_model(model, ctx)
+        return ctx.device_placement and (ctx.device_placement_requested or not training_distributed)
 
-    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
         than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
         processes and no multiprocessing context of its own gets the `spawn` context."""
@@ -137,10 +126,6 @@ class GaudiAdapter(Adapter):
             ):
                 obj.multiprocessing_context = multiprocessing.get_context("spawn")
 
-    def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Habana's fp8 Linears (`GaudiPrecision.convert_fp8`, which the run's precision calls itself)."""
-        return GaudiPrecision("fp8", self).convert_fp8(model, ctx)
-
     def check_fp8_supported(self) -> None:
         """Gaudi1 has no fp8 units (Gaudi's stack refuses fp8 there too).
 
@@ -154,25 +139,17 @@ class GaudiAdapter(Adapter):
                 "and drop --fp8 / ACCEL_GAUDI_FP8."
             )
 
-    def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        fast = self.config.distribution_strategy == "fast_ddp"
-        if fast and ctx.strategy.name != "fast_ddp":
-            raise ValueError(
-                f"distribution_strategy='fast_ddp' replaces DDP and applies to the 'ddp' strategy only; this "
-                f"Accelerator uses {ctx.strategy.name!r}. Drop --distribution-strategy fast_ddp or use strategy 'ddp'."
-            )
-        if ctx.strategy.name in ("ddp", "fast_ddp") and ctx.use_distributed:
-            self._check_on_device(model, ctx)
-        return ctx.strategy.wrap_model(model, ctx)
+    def check_strategy(self, strategy_name: str) -> None:
+        """`distribution_strategy='fast_ddp'` replaces DDP: it runs with the 'fast_ddp' strategy only.
 
-    def _check_on_device(self, model: torch.nn.Module, ctx: PrepareContext) -> None:
-        # Multi-HPU training does not move models in prepare (Gaudi's own rule); a model left on
-        # the host would fail later inside the collective with a much less helpful message.
-        stray = {p.device.type for p in model.parameters()} - {ctx.device.type}
-        if stray:
+        Raises:
+            ValueError: the option is set and the Accelerator runs another strategy.
+        """
+        if self.config.distribution_strategy == "fast_ddp" and strategy_name != "fast_ddp":
             raise ValueError(
-                f"In multi-process training the Gaudi adapter does not move models: this one has parameters on "
-                f"{sorted(stray)}, not on {ctx.device}. Call `model.to(accelerator.device)` before `prepare`."
+                f"distribution_strategy='fast_ddp' replaces DDP and runs as the 'fast_ddp' strategy; this Accelerator "
+                f"uses {strategy_name!r}. Drop --distribution-strategy fast_ddp (ACCEL_GAUDI_DISTRIBUTION_STRATEGY), "
+                "or leave the strategy unset."
             )
 
     def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
@@ -225,7 +202,7 @@ class GaudiAdapter(Adapter):
         return {}
 
     # ---- Habana's fused optimizer and clip norm -------------------------------------------------
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         """A plain `torch.optim.AdamW` becomes Habana's `FusedAdamW` (same update, one fused
         kernel) when the vendor module has it and `fused_optimizers` is on; the replacement
         takes over the param groups (hyper-parameters included) and any state. AdamW with
@@ -238,8 +215,7 @@ class GaudiAdapter(Adapter):
         Raises:
             ValueError: optimizer offload with a torch optimizer in lazy mode (`PT_HPU_LAZY_MODE=1`).
         """
-        plugin = getattr(ctx.strategy, "plugin", None) if ctx.strategy.name == "deepspeed" else None
-        if plugin is not None and getattr(plugin, "maps_client_optimizer", False):
+        if ctx.optimizer_on_host:
             if self.lazy:
                 raise ValueError(
                     "You can't use an Offload Optimizer with HPU in Lazy Mode. "

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from accel.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 
 class FastDDP:
@@ -108,13 +108,14 @@ class FastDDPStrategy(Strategy):
     """Data parallelism without a wrapper: one flat all-reduce after the backward that syncs."""
 
     name: ClassVar[str] = "fast_ddp"
+    needs_model_on_device: ClassVar[bool] = True
 
     def __init__(self, config: FastDDPConfig | None = None) -> None:
         super().__init__(config or FastDDPConfig())
         self._reducer: FastDDP | None = None
         self._paused = 0
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         if ctx.use_distributed and any(p.requires_grad for p in model.parameters()):
             if self._reducer is None:
                 dtype = self.config.allreduce_dtype or ctx.adapter_defaults.get("allreduce_dtype") or torch.float32

@@ -21,7 +21,7 @@ from .options import IpexOptions
 from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 
 class IpexAdapter(Adapter):
@@ -143,17 +143,15 @@ class IpexAdapter(Adapter):
     # ipex.optimize re-points (and re-keys, and fuses) the optimizer it is given.
     repoints_paired_optimizers = True
 
-    def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
+    def after_prepare(self, prepared: list[Any], ctx: RunContext) -> None:
         self._optimized = []
 
-    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Placement, `ipex.optimize`, precision, the strategy (not in evaluation mode), compilation.
-
-        `ipex.optimize` runs before the strategy: run on a DDP-wrapped model, it swaps the
-        parameters DDP all-reduces and the replicas drift apart without an error. In distributed
-        training rank 0's weights are broadcast before it, too: under bf16 IPEX splits each fp32
-        master into the bf16 parameter and a low half it keeps aside, and DDP's own broadcast at
-        wrap time reaches only the bf16 halves, so replicas started from different weights would
+    def optimize_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        """`ipex.optimize` (with the `optimize` option on), after placement and before precision and the
+        strategy: run on a DDP-wrapped model, it swaps the parameters DDP all-reduces and the replicas drift
+        apart without an error. In distributed training rank 0's weights are broadcast before it, too: under
+        bf16 IPEX splits each fp32 master into the bf16 parameter and a low half it keeps aside, and DDP's own
+        broadcast at wrap time reaches only the bf16 halves, so replicas started from different weights would
         keep different masters.
 
         Raises:
@@ -168,18 +166,13 @@ class IpexAdapter(Adapter):
                 "optimizing inside an existing DDP wrapper lets the replicas drift apart. Pass the plain module "
                 "to `prepare` (accel wraps it)."
             )
-        if ctx.device_placement:
-            model = self.place_model(model, ctx)
-        if self.config.optimize:
-            if ctx.use_distributed and not ctx.evaluation_mode and model.training:
-                _broadcast_from_rank0(model)
-            model = self.optimize(model, ctx)
-        model = self.apply_precision(model, ctx)
-        if not ctx.evaluation_mode:
-            model = self.apply_strategy(model, ctx)
-        return self.compile_model(model, ctx)
+        if not self.config.optimize:
+            return model
+        if ctx.use_distributed and not ctx.evaluation_mode and model.training:
+            _broadcast_from_rank0(model)
+        return self.optimize(model, ctx)
 
-    def optimize(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def optimize(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """`ipex.optimize` for `model`: inference when preparing for evaluation (or the model is in
         eval mode), else training together with its optimizer from the same `prepare` call, which
         IPEX re-keys and fuses in place. A training model without its optimizer is
@@ -203,7 +196,7 @@ class IpexAdapter(Adapter):
                 "The ipex adapter prepares a model in training mode without its optimizer, so ipex.optimize is "
                 "skipped for it (IPEX optimizes a training model only together with its optimizer). Pass the model "
                 "and its optimizer in the same `accelerator.prepare(model, optimizer, ...)` call.",
-                stacklevel=4,
+                stacklevel=7,  # the user's prepare call: optimize, optimize_model and the walk's four frames
             )
             return model
         model, _ = self.vendor.optimize_for_training(
@@ -211,7 +204,7 @@ class IpexAdapter(Adapter):
         )
         return model
 
-    def _optimizer_of(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.optim.Optimizer | None:
+    def _optimizer_of(self, model: torch.nn.Module, ctx: RunContext) -> torch.optim.Optimizer | None:
         # The core pairs them by parameter identity, before anything was prepared: ctx.optimizers
         # held this model's parameters. IPEX re-points and fuses an optimizer for one model only:
         # a second model sharing it would train through a step IPEX never prepared for it.

@@ -27,9 +27,9 @@ MULTIPLE_MODELS = "You can't use same `Accelerator()` instance with multiple mod
 
 if TYPE_CHECKING:
     from accel.distributed.distributed_type import DistributedType
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
     from accel.prepare.group import PrepareGroup
-    from accel.prepare.prepared import Prepared, RunContext
+    from accel.prepare.prepared import Prepared
 
 
 class MegatronStrategy(Strategy):
@@ -89,7 +89,7 @@ class MegatronStrategy(Strategy):
 
         return parallel_state.get_data_parallel_group()
 
-    def wrap_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
+    def wrap_model(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self._ensure_initialized(ctx.device, ctx.backend)
         if isinstance(model, parallel.ModelProvider):
             stages = model.build()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,7 +25,7 @@ from .repoint import first_device, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 DEVICE_MISMATCH = (
     "The model and the optimizer parameters are not on the same device, which probably means you created an "
@@ -84,15 +83,6 @@ class XLAAdapter(Adapter):
     def data_parallel_type(self, use_distributed: bool) -> DistributedType:
         """XLA, for one process too: Accelerate reports XLA whenever it runs on an XLA device."""
         return DistributedType.XLA
-
-    def __init__(self, *, emulate: bool = False, options: Any = None) -> None:
-        super().__init__(emulate=emulate, options=options)
-        # Every optimizer prepared, with the xla_ddp strategy of its Accelerator (None under
-        # "ddp"): that strategy knows whether its step must average. (The core re-points
-        # optimizers at the parameters placement created: accel.prepare.group.ParameterMap.)
-        self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, XLADataParallelStrategy | None] = (
-            weakref.WeakKeyDictionary()
-        )
 
     # ---- discovery and device -------------------------------------------------------------
     @classmethod
@@ -161,7 +151,7 @@ class XLAAdapter(Adapter):
         return self.vendor.counters()  # type: ignore[no-any-return]
 
     # ---- prepare ------------------------------------------------------------------------
-    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         """Refuse a model and an optimizer that were already apart before placement.
 
         Raises:
@@ -176,31 +166,22 @@ class XLAAdapter(Adapter):
         if model_device is not None and opt_device is not None and model_device != opt_device:
             raise ValueError(DEVICE_MISMATCH)
 
-    def place_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def place_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """`model.to(device)`, with tied weights tied again (the move replaces each reference separately)."""
         groups = tied_groups(model)
         model = model.to(ctx.device)
         retie(model, groups)
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
-        strategy = ctx.strategy if isinstance(ctx.strategy, XLADataParallelStrategy) else None
-        self._optimizers[optimizer] = strategy
-        return optimizer
-
-    def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
+    def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
         # Batches reach the device through torch_xla's parallel loader (prefetched by a
         # background thread), not one `.to()` per batch.
         return {"batch_transfer": self.vendor.device_loader} if ctx.device_placement else {}
 
     # ---- the step -------------------------------------------------------------------------
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-        """`xm.optimizer_step` (average, then step) when the optimizer's xla_ddp strategy has not
-        averaged this step's gradients (a bare `loss.backward()`); else a plain step (averaged after
-        backward or before clipping, or by DDP's hooks under "ddp")."""
-        strategy = self._optimizers.get(optimizer)
-        if strategy is not None and strategy.step_needs_reduction():
-            return self.vendor.optimizer_step(optimizer, closure)
+        """A plain step through the vendor module: the gradients were averaged already, by the xla_ddp
+        strategy (after backward, before clipping, or in its `before_optimizer_step`) or by DDP's hooks."""
         return self.vendor.step_only(optimizer, closure)
 
     def after_optimizer_step(self) -> None:

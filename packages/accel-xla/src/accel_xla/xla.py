@@ -64,14 +64,15 @@ def broadcast_master_params(model: torch.nn.Module) -> None:
         xm.broadcast_master_param(model)
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-    """Reduce gradients across replicas and step, the XLA way; no barrier (the step's `sync` cuts the graph)."""
-    args = {"closure": closure} if closure is not None else {}
-    return xm.optimizer_step(optimizer, barrier=False, optimizer_args=args)
+def reduce_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Average the optimizer's gradients across replicas (`xm.reduce_gradients`: the reducing half of
+    `xm.optimizer_step`, for a step whose gradients nothing averaged yet)."""
+    xm.reduce_gradients(optimizer)
 
 
 def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-    """Step without reducing (the gradients were reduced already, e.g. before clipping)."""
+    """Step without reducing (the strategy averaged the gradients: after backward, before clipping, or right
+    before the step through `reduce_gradients`)."""
     return optimizer.step(closure) if closure is not None else optimizer.step()
 
 

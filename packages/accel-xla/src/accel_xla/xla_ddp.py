@@ -4,8 +4,9 @@ Replicas start from replica 0's weights (`xm.broadcast_master_param`, at prepare
 After the backward that closes an accumulation window (not inside `no_sync`), the prepared
 models' gradients are averaged by one XLA all-reduce traced into the step's graph, so `.grad`
 reads as under DDP and clipping sees the averaged gradients; the optimizer step then does not
-reduce again. When nothing averaged them (a bare `loss.backward()`), the adapter's step is
-`xm.optimizer_step`, which averages first (`XLADataParallelStrategy.step_needs_reduction`).
+reduce again. When nothing averaged them (a bare `loss.backward()`), the strategy averages them
+right before the step (`before_optimizer_step`, through `xm.reduce_gradients`, the reducing half
+of `xm.optimizer_step`).
 
 The name says what it replaces: it is what "ddp" means to a user (every process a full
 replica, gradients averaged), done the XLA way, as `fast_ddp` is Gaudi's. Every torch_xla call
@@ -24,7 +25,7 @@ import torch
 from accel.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 
 class XLADataParallelStrategy(Strategy):
@@ -45,7 +46,7 @@ class XLADataParallelStrategy(Strategy):
         self._sync = True
         self._reduced = False
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """No wrapper: with several processes, broadcast replica 0's weights and average this model's
         gradients from now on.
 
@@ -90,12 +91,12 @@ class XLADataParallelStrategy(Strategy):
             self._reduce(parameters)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def step_needs_reduction(self) -> bool:
-        """Whether the optimizer step about to run must average the gradients itself (`xm.optimizer_step`):
-        True unless backward or clipping averaged them since the last step. Asked once per step by the
-        adapter's `optimizer_step`; the next step starts unreduced."""
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average this step's gradients unless backward or clipping did (a bare `loss.backward()`): the core
+        calls it before every real step of a prepared optimizer; the next step starts unreduced."""
         needed, self._reduced = not self._reduced, False
-        return needed
+        if needed and self._vendor is not None:
+            self._vendor.reduce_gradients(optimizer)
 
     def _reduce(self, params: Iterable[torch.Tensor]) -> None:
         grads = {id(p): p.grad for p in params if p.grad is not None}

@@ -70,11 +70,6 @@ def broadcast_master_params(model: torch.nn.Module) -> None:
                 dist.broadcast(p.data, src=0)
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-    reduce_gradients(optimizer)
-    return step_only(optimizer, closure)
-
-
 def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
     calls["optimizer_step"] += 1
     return optimizer.step(closure) if closure is not None else optimizer.step()

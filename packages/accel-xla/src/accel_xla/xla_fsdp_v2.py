@@ -21,7 +21,7 @@ import torch
 from accel.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from accel.prepare.context import PrepareContext
+    from accel.prepare.context import RunContext
 
 
 SPMD_TOO_LATE = (
@@ -67,7 +67,7 @@ class XLAFSDPv2Strategy(Strategy):
             elif mode == "too late":
                 raise ValueError(SPMD_TOO_LATE)
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """The model in torch_xla's `SpmdFullyShardedDataParallel` over the global mesh.
 
         Raises:

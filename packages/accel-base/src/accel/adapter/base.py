@@ -29,17 +29,36 @@ import torch.distributed as dist
 
 from ..distributed.distributed_type import DistributedType
 from ..precision.base import PRECISION_MODES
+from .legacy import LegacyPrepareHooks
 from .options import AdapterOptions, AdapterOptionsError
 
 if TYPE_CHECKING:
     from ..precision.base import Precision
-    from ..prepare.context import PrepareContext
+    from ..prepare.context import RunContext
     from ..settings.kwargs import TorchDynamoPlugin
 
-ADAPTER_API_VERSION = 2
+ADAPTER_API_VERSION = 3
 """Version of this contract (an adapter declares the one it was built for in `Adapter.api_version`).
 
-From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1 adapter changes):
+From 2 to 3 (docs/adapters.md, "Versions of the contract", says what a version-2 adapter changes):
+
+- The core drives the prepare walk (`accel.prepare.walk`): placement, the vendor's model optimisation,
+  precision, the strategy, compilation, in that order, one way. An adapter answers hardware questions
+  along it and never calls a strategy or builds a precision. Added, each with a default:
+  `places_model` (whether a model is moved, e.g. a rule for multi-process training), `optimize_model`
+  (a vendor's model optimisation between placement and precision), `compile_backends` (the
+  `torch.compile` backends this hardware runs; the core refuses others, and any when
+  `Capabilities.compile` is False), and `check_strategy` (refuse a strategy the adapter's options rule out).
+- Removed from what a version-3 adapter may define: `prepare_model`, `apply_precision`, `apply_strategy`,
+  `compile_model` (the walk's steps) and `convert_to_fp8` (module conversion, fp8 included, is the
+  precision class's: `Precision.convert_fp8` in the adapter's `precision_class`). A version-3 adapter
+  class that defines one is refused by name when adapters are discovered (`LEGACY_PREPARE_HOOKS`).
+- `PrepareContext` is `RunContext`: one frozen context for prepare and run, with the facts of the object
+  being prepared (`device_placement`, `evaluation_mode`, `optimizers`) and `optimizer_on_host`.
+- Versions 1 and 2 still load, with a `DeprecationWarning`, for this minor release: their prepare hooks run
+  as before (`LegacyPrepareHooks`), the core then giving the model to the strategy's `setup` only.
+
+From 1 to 2:
 
 - Added, each with a default: `data_parallel_name`/`data_parallel_type`, `availability_probes`,
   `default_strategy`, `strategy_aliases`, `options_class`, `accelerate_config_keys`, `precision_class`,
@@ -48,12 +67,8 @@ From 1 to 2 (docs/adapters.md, "Versions of the contract", says what a version-1
   and the `PrepareContext` fields `adapter_defaults`, `precision`, `optimizers`, `backend` and
   `device_placement_requested`.
 - Removed: `synchronize` and `memory_stats` (nothing called them; defining them is harmless), the
-  `PrepareContext` fields `extras` and `ddp_output_device` (reading them raises AttributeError), and
-  `backward` and `no_sync`: the backward pass and pausing gradient synchronisation belong to the
-  strategy (`Strategy.backward`, `Strategy.no_sync`; data parallelism of the hardware's own is a
-  strategy of the adapter's package). An adapter class that defines either is refused by name
-  when adapters are discovered (`REMOVED_ADAPTER_HOOKS`), since the core would silently skip it.
-  `PrepareContext` is frozen: assigning to a field raises `dataclasses.FrozenInstanceError`.
+  `PrepareContext` fields `extras` and `ddp_output_device`, and `backward` and `no_sync`: the backward
+  pass and pausing gradient synchronisation belong to the strategy (`REMOVED_ADAPTER_HOOKS`).
 - Changed behaviour: the core re-points optimizers at the parameters `prepare_model` replaced, and
   schedulers follow an optimizer `prepare_optimizer` replaced (version 1 left both to the adapter);
   `Capabilities.strategies` is enforced (`StrategyNotSupportedError`); under fp16 the grad scaler
@@ -69,10 +84,25 @@ REMOVED_ADAPTER_HOOKS: Mapping[str, str] = {
 """Version-1 adapter hooks the core no longer calls, with what to do instead: an adapter class that
 defines one is refused by name (its behaviour would otherwise be skipped without a word)."""
 
-SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2})
-"""Versions that load. A version-1 adapter runs on the version-2 core as it is unless it used a removed
-`PrepareContext` field, assigned to one, runs a strategy missing from its `capabilities.strategies`, or
-relies on a behaviour that changed (see `ADAPTER_API_VERSION`); any other version is refused by name."""
+LEGACY_PREPARE_HOOKS: Mapping[str, str] = {
+    "prepare_model": "let the core's walk prepare the model; answer `places_model`, `place_model` and `optimize_model`",
+    "apply_precision": "convert modules in your precision class (`Precision.convert_module`, `precision_class`)",
+    "apply_strategy": "refuse a strategy in `check_strategy`; the core hands the model to the strategy",
+    "compile_model": "answer `compile_backend`, `compile_backends` and `dynamo_settings`; the core compiles",
+    "convert_to_fp8": "convert layers in your precision class (`Precision.convert_fp8`, `precision_class`)",
+}
+"""Prepare hooks of versions 1 and 2, with what a version-3 adapter does instead. A version-1 or -2 adapter
+that defines one keeps working (with a `DeprecationWarning`); a version-3 adapter that defines one is refused
+by name when adapters are discovered."""
+
+SUPPORTED_ADAPTER_API_VERSIONS = frozenset({1, 2, 3})
+"""Versions that load. A version-1 or -2 adapter runs on the version-3 core as it is, with a
+`DeprecationWarning` (`DEPRECATED_ADAPTER_API_VERSIONS`), unless it used a removed `PrepareContext` field,
+runs a strategy missing from its `capabilities.strategies`, or relies on a behaviour that changed (see
+`ADAPTER_API_VERSION`); any other version is refused by name."""
+
+DEPRECATED_ADAPTER_API_VERSIONS = frozenset({1, 2})
+"""Versions that still load for this minor release, with a `DeprecationWarning` saying what to change."""
 
 PRECISIONS = PRECISION_MODES
 
@@ -105,7 +135,7 @@ class Availability:
         return self.available
 
 
-class Adapter:
+class Adapter(LegacyPrepareHooks):
     """Base class of every hardware adapter.
 
     Subclasses set `name`, `priority`, `device_type`, `backend`, `capabilities` and
@@ -327,79 +357,57 @@ class Adapter:
             return None
         return torch.amp.GradScaler(self.device_type, **kwargs)
 
-    def convert_to_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Swap layers for fp8 ones. Adapters that claim "fp8" override this."""
-        raise NotImplementedError(f"adapter {self.name!r} does not support fp8")
-
     # ---- prepare ----------------------------------------------------------------------
+    # The core walks each model through `accel.prepare.walk`: `places_model` -> `place_model` ->
+    # `optimize_model` -> the precision's `convert_module` -> the strategy -> compilation with the
+    # backend the adapter names. The adapter answers; it never calls a strategy.
     repoints_paired_optimizers: ClassVar[bool] = False
-    """True when `prepare_model` makes the optimizers in `ctx.optimizers` train the model's new
+    """True when `optimize_model` makes the optimizers in `ctx.optimizers` train the model's new
     parameters itself (a vendor that optimizes a model together with its optimizer, like
     a vendor `optimize(model, optimizer)` call); the core then leaves those optimizers as the adapter left them."""
 
-    def before_prepare(self, objects: list[Any], ctx: PrepareContext) -> None:
+    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         """Runs once per `prepare` call, after the strategy's `validate_prepare` and before anything is
         placed, with the objects as given (already prepared ones included); `ctx` carries the
         Accelerator's default `device_placement` and no `optimizers`. For what concerns the whole call:
         refusing a combination, a vendor setting a kwargs handler asks for, data-loader options to set
-        before sharding. Parameter identities need no recording here: the core records the parameters
-        `prepare_model` replaces and re-points optimizers itself. Default: nothing."""
+        before sharding. Default: nothing."""
 
-    def after_prepare(self, prepared: list[Any], ctx: PrepareContext) -> None:
-        """Runs once per `prepare` call after every object is prepared and before the strategy's `setup`,
-        with the prepared objects in the caller's order (models as `prepare_model` returned them,
-        `AcceleratedOptimizer`, `AcceleratedScheduler`, `DataLoaderShard`). For tweaks of prepared
-        objects and per-call clean-up. Optimizers already train the models' current parameters and
-        schedulers already follow a replaced optimizer (the core did both). Default: nothing."""
+    def after_prepare(self, prepared: list[Any], ctx: RunContext) -> None:
+        """Runs once per `prepare` call at its end, with the prepared objects in the caller's order (models
+        as the walk returned them, `AcceleratedOptimizer`, `AcceleratedScheduler`, `DataLoaderShard`).
+        For tweaks of prepared objects and per-call clean-up. Default: nothing."""
 
-    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Placement, then precision, then the strategy, then compilation.
+    def places_model(self, ctx: RunContext) -> bool:
+        """Whether the walk moves the model being prepared onto `ctx.device` (with `place_model`). Base:
+        `ctx.device_placement` (the call's request, else the Accelerator's default); hardware whose own
+        rule differs (e.g. no move in multi-process training unless asked) answers it here."""
+        return ctx.device_placement
 
-        The default is the torch-native path; an adapter overrides the whole method or one
-        of its steps (`place_model`, `apply_precision`, `apply_strategy`, `compile_model`).
-        """
-        if ctx.device_placement:
-            model = self.place_model(model, ctx)
-        model = self.apply_precision(model, ctx)
-        if not ctx.evaluation_mode:
-            model = self.apply_strategy(model, ctx)
-        return self.compile_model(model, ctx)
-
-    def place_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Move the model onto `ctx.device` (called by `prepare_model` when `ctx.device_placement`).
-        Base: `model.to(ctx.device)`; a device that needs its own move (memory formats, lazy devices)
-        overrides it."""
+    def place_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        """Move the model onto `ctx.device` (when `places_model` says so). Base: `model.to(ctx.device)`; a
+        device that needs its own move (memory formats, lazy devices, tied weights) overrides it."""
         return model.to(ctx.device)
 
-    def apply_precision(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """The run's precision converts the model (`Precision.convert_module`: fp8 layers, the
-        autocast forward); a vendor precision is a `Precision` subclass in `precision_class`."""
-        from ..precision.base import Precision
+    def optimize_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        """The vendor's own optimisation of the placed model, before precision and the strategy (e.g. a
+        vendor `optimize(model, optimizer)` with the model's optimizers in `ctx.optimizers`; set
+        `repoints_paired_optimizers` when it re-points them). Runs in evaluation mode too
+        (`ctx.evaluation_mode`). Base: the model unchanged."""
+        return model
 
-        precision = ctx.precision or Precision.of(self, ctx.mixed_precision, ctx.autocast_kwargs)
-        return precision.convert_module(model, ctx)
+    def check_strategy(self, strategy_name: str) -> None:
+        """Refuse a strategy this hardware's options rule out (raise ValueError saying what to do), once,
+        when the Accelerator picks it; a strategy missing from `capabilities.strategies` is refused by the
+        core already. Base: nothing."""
 
-    def apply_strategy(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Hand the placed, converted model to the run's strategy (DDP, FSDP2, ...), from `prepare_model`.
-        Base: `ctx.strategy.wrap_model(model, ctx)`; an adapter may check the strategy fits its device."""
-        return ctx.strategy.wrap_model(model, ctx)
-
-    def compile_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """`torch.compile` the model with `dynamo_settings(ctx.dynamo_plugin)` (nothing when that is None or
-        its backend is "no"). A model a strategy compiles itself once its engine exists
-        (`Strategy.compiles_model`) is left as it is, except in evaluation mode (no strategy then)."""
-        plugin = self.dynamo_settings(ctx.dynamo_plugin)
-        if plugin is None or plugin.backend in (None, "no"):
-            return model
-        if ctx.strategy.compiles_model and not ctx.evaluation_mode:
-            return model
-        from ..prepare.compile import compile_model
-
-        return compile_model(model, plugin, default_backend=self.compile_backend())
+    compile_backends: ClassVar[frozenset[str] | None] = None
+    """The `torch.compile` backends this hardware runs (None: any). The walk refuses another backend by
+    name, naming the adapter; `Capabilities.compile=False` refuses compilation altogether."""
 
     def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
         """The compile settings this hardware applies for the user's `plugin` (None: no compilation).
-        Read by `compile_model` and by strategies that compile their own engine. Base: `plugin` as is; an
+        Read by the walk and by strategies that compile their own engine. Base: `plugin` as is; an
         adapter whose option implies compilation (e.g. regional compilation) returns adjusted settings."""
         return plugin
 
@@ -412,11 +420,12 @@ class Adapter:
         """The torch.compile backend for this hardware when the user asks for the default one."""
         return "inductor"
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
-        """Hook for optimizers (e.g. fused vendor versions). Default: unchanged."""
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
+        """Hook for optimizers (e.g. fused vendor versions), after the core re-pointed it at its model's
+        placed parameters and before the strategy sees it. Default: unchanged."""
         return optimizer
 
-    def prepare_data_loader_kwargs(self, ctx: PrepareContext) -> dict[str, Any]:
+    def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
         """Extra options for prepared data loaders (e.g. pin_memory). Default: none.
 
         `batch_transfer`: a callable `(batches, device) -> iterable` that places this rank's

@@ -14,12 +14,22 @@ import importlib.metadata
 import logging
 import os
 import traceback
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AdapterNotFoundError, AdapterUnavailableError, StrategyNotFoundError
-from .base import ADAPTER_API_VERSION, REMOVED_ADAPTER_HOOKS, SUPPORTED_ADAPTER_API_VERSIONS, Adapter, Availability
+from .base import (
+    ADAPTER_API_VERSION,
+    DEPRECATED_ADAPTER_API_VERSIONS,
+    LEGACY_PREPARE_HOOKS,
+    REMOVED_ADAPTER_HOOKS,
+    SUPPORTED_ADAPTER_API_VERSIONS,
+    Adapter,
+    Availability,
+)
+from .legacy import legacy_hooks
 
 ADAPTER_GROUP = "accel.adapter"
 STRATEGY_GROUP = "accel.strategies"
@@ -78,6 +88,13 @@ def adapter_records() -> dict[str, PluginRecord]:
                 distribution=rec.distribution,
                 error=_removed_hooks(cls, Adapter, REMOVED_ADAPTER_HOOKS),
             )
+        elif rec.ok and cls.api_version not in DEPRECATED_ADAPTER_API_VERSIONS and legacy_hooks(cls):
+            records[name] = PluginRecord(
+                name=name,
+                value=rec.value,
+                distribution=rec.distribution,
+                error=_legacy_refusal(cls),
+            )
         elif rec.ok and cls.api_version not in SUPPORTED_ADAPTER_API_VERSIONS:
             records[name] = PluginRecord(
                 name=name,
@@ -97,6 +114,35 @@ def adapter_records() -> dict[str, PluginRecord]:
             name=BUILTIN_ADAPTER, value="accel.adapter.cpu:CPUAdapter", distribution="accel-base", loaded=CPUAdapter
         )
     return records
+
+
+def _legacy_refusal(cls: type[Adapter]) -> str:
+    """Why a version-3 adapter that defines a version-2 prepare hook cannot load."""
+    found = legacy_hooks(cls)
+    todo = "; ".join(f"`{name}`: {LEGACY_PREPARE_HOOKS[name]}" for name in found)
+    return (
+        f"{cls.__module__}.{cls.__qualname__} declares adapter API {cls.api_version} but defines {', '.join(found)}, "
+        f"which the version-{ADAPTER_API_VERSION} core no longer calls: it drives the prepare walk itself "
+        f"(docs/adapters.md, 'Versions of the contract'). Instead: {todo}"
+    )
+
+
+def warn_deprecated_version(cls: type[Adapter]) -> None:
+    """A `DeprecationWarning`, once per adapter class, for an adapter built for a version still loading
+    for this minor release only (`DEPRECATED_ADAPTER_API_VERSIONS`)."""
+    if cls.api_version not in DEPRECATED_ADAPTER_API_VERSIONS or cls in _WARNED_VERSIONS:
+        return
+    _WARNED_VERSIONS.add(cls)
+    warnings.warn(
+        f"The {cls.name!r} adapter ({cls.__module__}.{cls.__qualname__}) was built for adapter API "
+        f"{cls.api_version}; this accel-base speaks {ADAPTER_API_VERSION} and loads version {cls.api_version} for "
+        f"this minor release only. docs/adapters.md ('Versions of the contract') says what to change.",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+
+
+_WARNED_VERSIONS: set[type] = set()
 
 
 def _removed_hooks(cls: type, base: type, removed: Mapping[str, str]) -> str:
@@ -180,6 +226,12 @@ def select_adapter(requested: str | None = None, *, emulate: bool = False) -> ty
     A requested adapter that is not available here raises `AdapterUnavailableError`
     with the reason, unless `emulate` is set (emulation runs it on the CPU).
     """
+    cls = _select(requested, emulate=emulate)
+    warn_deprecated_version(cls)
+    return cls
+
+
+def _select(requested: str | None, *, emulate: bool) -> type[Adapter]:
     if requested:
         cls = get_adapter_class(requested)
         if not emulate:

@@ -92,10 +92,10 @@ class Precision:
     scaling, unscaling, and the optimizer step (through the scaler and the adapter's own step).
 
     Built by `Precision.for_run` from the adapter's precision hooks (`autocast`,
-    `make_grad_scaler`, `optimizer_step`, `convert_to_fp8`); an adapter with its own precision
-    (an fp8 backend and its recipe context, a vendor scaler) subclasses it and names the
-    subclass in `Adapter.precision_class`. `convert_module` is what the adapter's
-    `apply_precision` step of `prepare_model` runs (`PrepareContext.precision`).
+    `make_grad_scaler`, `optimizer_step`); an adapter with its own precision (an fp8 backend and
+    its recipe context and layers, a vendor scaler) subclasses it and names the subclass in
+    `Adapter.precision_class`. `convert_module` is the prepare walk's precision step
+    (`accel.prepare.walk`); the adapter never calls it.
     """
 
     def __init__(
@@ -149,14 +149,20 @@ class Precision:
         return kind(mode, adapter, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
 
     def convert_module(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        """Make a model run in this precision: fp8 layers (the adapter's `convert_to_fp8`), and a
-        forward under `forward_context` whose half-precision outputs come back as fp32."""
+        """Make a model run in this precision (the walk's precision step, after placement): fp8 layers
+        (`convert_fp8`), and a forward under `forward_context` whose half-precision outputs come back as fp32."""
         if self.mode == "fp8":
-            model = self.adapter.convert_to_fp8(model, ctx)
+            model = self.convert_fp8(model, ctx)
         if self.mode in ("bf16", "fp16"):
             kwargs = ctx.autocast_kwargs
             wrap_forward_in_autocast(model, lambda: self.forward_context(kwargs))
         return model
+
+    def convert_fp8(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        """Swap the model's layers for fp8 ones. An adapter that claims "fp8" names a precision class that
+        overrides this; the base runs a contract-1/2 adapter's own `convert_to_fp8` (deprecated), which
+        raises NotImplementedError for an adapter without fp8."""
+        return self.adapter.convert_to_fp8(model, ctx)  # type: ignore[no-any-return]
 
     def forward_context(self, autocast_kwargs: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
         """The context a forward runs in (the adapter's autocast for bf16/fp16; a null context otherwise)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         adapter: Any = None,
         device: torch.device | None = None,
         precision: Precision | None = None,
+        before_step: Callable[[torch.optim.Optimizer], None] | None = None,
     ) -> None:
         # No super().__init__: this object is a view on `optimizer`, sharing its param_groups
         # and state, so code that reads them (schedulers, loggers) sees the real ones.
@@ -38,6 +40,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             precision = Precision("fp16" if scaler is not None else "no", adapter, scaler=scaler)
         self.precision = precision
         self.scaler = precision.scaler
+        self.before_step: Callable[[torch.optim.Optimizer], None] | None = before_step
+        """The strategy's `before_optimizer_step` when it has one (None otherwise: nothing runs per step)."""
         self.adapter = adapter
         self.gradient_state = GradientState()
         self.device_placement = device_placement
@@ -98,6 +102,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return None
         self._accelerate_step_called = True
+        if self.before_step is not None:
+            self.before_step(self.optimizer)
         result, self._scale_before = self.precision.step(self.optimizer, closure)
         if self.adapter is not None:
             self.adapter.after_optimizer_step()

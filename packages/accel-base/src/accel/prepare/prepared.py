@@ -6,24 +6,22 @@ Strategies and `accel.checkpoint` receive these two objects, never the `Accelera
   optimizers, schedulers, data loaders), the objects registered for checkpointing, the
   grad scaler and the `save_state`/`load_state` hooks. A strategy whose engine replaces
   a model (DeepSpeed) does so here, with `replace_model`.
-- `RunContext`, a frozen record of the run built when a hook is called: devices, ranks,
-  precision, accumulation steps, the adapter and the strategy. A strategy that must change
-  a setting says so through its own hooks (`Strategy.accumulation_steps`), not by writing
-  into the Accelerator.
+- `RunContext` (`accel.prepare.context`, re-exported here), a frozen record of the run built
+  when a hook is called: devices, ranks, precision, accumulation steps, the adapter and the
+  strategy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from ..adapter.base import Adapter
-    from ..settings.kwargs import TorchDynamoPlugin
-    from ..strategies.base import Strategy
+from .context import RunContext
+
+__all__ = ["Prepared", "RunContext"]
 
 
 @dataclass(eq=False)
@@ -50,31 +48,3 @@ class Prepared:
         """Forget every prepared model, optimizer, scheduler and loader (`free_memory`)."""
         for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders):
             objects.clear()
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunContext:
-    """The run as strategies and checkpoints see it (read-only, built for each call)."""
-
-    device: torch.device
-    process_index: int
-    local_process_index: int
-    num_processes: int
-    is_main_process: bool
-    is_local_main_process: bool
-    use_distributed: bool
-    mixed_precision: str
-    gradient_accumulation_steps: int
-    save_on_each_node: bool
-    """Whether the local main process of every node writes checkpoints (not only rank 0)."""
-    split_batches: bool = False
-    """Whether each batch of a prepared loader is split over the processes."""
-    adapter: Adapter
-    strategy: Strategy
-    adapter_defaults: dict[str, Any] = field(default_factory=dict)
-    """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
-    dynamo_plugin: TorchDynamoPlugin | None = None
-    """The run's torch.compile settings, for a strategy that compiles its own engine (`compiles_model`)."""
-    save_model_kwargs: dict[str, Any] = field(default_factory=dict)
-    """In `save_checkpoint_state`: the keyword arguments the user gave `save_state` (Accelerate's
-    `save_model_func_kwargs`), for a strategy whose engine saves itself (`Strategy.takes_save_kwargs`)."""

@@ -1,37 +1,29 @@
 """The strategy contract: wrap a model for a way of spreading work, and undo it.
 
 A strategy never sees the Accelerator. Its hooks get what they need as arguments: the
-registry of prepared objects (`accel.prepare.prepared.Prepared`), a frozen `RunContext` of the run
-(`wrap_model` gets the adapter's `accel.prepare.PrepareContext` instead), and for the step
-just the facts (`sync`: whether this backward closes an accumulation window). A package
-registers a strategy in the `accel.strategies` entry-point group under its `name`; an
-adapter runs only the strategies in its `Capabilities.strategies`. docs/adapters.md
-("The strategy contract") documents every hook; the prepare walk (one `Accelerator.prepare`
-call; see docs/architecture.md) calls them in this order:
+registry of prepared objects (`accel.prepare.prepared.Prepared`), the frozen `RunContext` of the
+run (inside `prepare` with the facts of the object being prepared), and for the step just the
+facts (`sync`: whether this backward closes an accumulation window). A package registers a
+strategy in the `accel.strategies` entry-point group under its `name`; an adapter runs only the
+strategies in its `Capabilities.strategies`. docs/adapters.md ("The strategy contract") documents
+every hook. In the prepare walk (`accel.prepare.walk`) the core calls a strategy at two points only:
 
 1. `validate_prepare(objects, ctx)` refuses combinations before anything is touched (and may set
-   up what the rest needs, e.g. Megatron's parallel state); the core pairs each model with its
-   optimizers and schedulers by parameter identity (`accel.prepare.group`), then calls the
-   adapter's `before_prepare`.
-2. Models and data loaders, then optimizers, then schedulers, whatever the order given:
-   - a model goes through the adapter's `prepare_model` (placement, precision, then
-     `wrap_model(model, prepare_ctx)` unless in evaluation mode, then compilation); the core
-     records every parameter that replaced another and re-points optimizers at the new ones,
-     once, for every strategy and adapter;
-   - an optimizer, already re-pointed, goes through the adapter's `prepare_optimizer` and is
-     wrapped (`AcceleratedOptimizer`); schedulers built on it follow a replacement;
-   - a scheduler is wrapped (`AcceleratedScheduler`), following a replaced optimizer.
-3. The adapter's `after_prepare`.
-4. `setup(group, prepared, ctx)` once per group: the one place where a strategy takes a model
-   with its optimizers and schedulers (DeepSpeed's `initialize`, megatron-core's optimizer and
-   scheduler); what it returns replaced is put in place by the core, and schedulers follow a
-   replaced optimizer unless the strategy `rebuilds_schedulers`. `Accelerator.prepare_optimizer`
-   and `prepare_scheduler` called on their own run `setup` with a group of that one object.
-5. `accumulation_steps()`.
+   up what the rest needs, e.g. Megatron's parallel state).
+2. `prepare_group(group, prepared, ctx)`, its one prepare entry, once per group: a model (already
+   placed and converted to the run's precision, not yet compiled) with the optimizers that train
+   it (re-pointed at its parameters, after the adapter's `prepare_optimizer`) and their schedulers.
+   The default runs `wrap_model` on the model (DDP, `fully_shard`: what must wrap it before
+   compilation), then `setup` on the group (what pairs a model with its optimizers and
+   schedulers: DeepSpeed's `initialize`, megatron-core's optimizer and scheduler); a strategy
+   overrides whichever of the two it needs. What it returns replaced is put in place by the core,
+   optimizers follow parameters it replaced, and schedulers follow a replaced optimizer unless the
+   strategy `rebuilds_schedulers`. `Accelerator.prepare_optimizer` and `prepare_scheduler` called on
+   their own give a group of that one object; `Accelerator.prepare_model` on its own runs
+   `wrap_model` only (as Accelerate builds engines only in `prepare`).
 
-So a strategy has two prepare hooks: `wrap_model` for what must wrap each model before
-compilation (DDP, `fully_shard`), and `setup` for everything that pairs a model with its
-optimizers and schedulers. Version-1 strategies' `prepare_optimizer`, `prepare_scheduler` and
+Then the core compiles the model (unless `compiles_model`), wraps optimizers and schedulers, and
+reads `accumulation_steps()`. Version-1 strategies' `prepare_optimizer`, `prepare_scheduler` and
 `after_prepare` are no longer called: a strategy class that defines one is refused by name when
 strategies are discovered, with a message saying to move it into `setup`.
 """
@@ -46,9 +38,9 @@ import torch
 
 if TYPE_CHECKING:
     from ..distributed.distributed_type import DistributedType
-    from ..prepare.context import PrepareContext
+    from ..prepare.context import RunContext
     from ..prepare.group import PrepareGroup
-    from ..prepare.prepared import Prepared, RunContext
+    from ..prepare.prepared import Prepared
 
 
 REMOVED_STRATEGY_HOOKS: dict[str, str] = {
@@ -84,11 +76,28 @@ class Strategy:
         """
         return None
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
-        """Wrap one placed, precision-converted model (DDP, `fully_shard`, ...); called by the adapter's
-        `apply_strategy` step of `prepare_model`, before compilation, never in evaluation mode.
-        Default: the model unchanged."""
+    def prepare_group(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
+        """The strategy's one prepare entry, called by the core once per group (never in evaluation mode):
+        `wrap_model` on the group's model, then `setup` on the group. Returns the group to train with."""
+        if group.model is not None:
+            group = group.replace(model=self.wrap_model(group.model, ctx))
+        return self.setup(group, prepared, ctx)
+
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        """Wrap one placed, precision-converted model (DDP, `fully_shard`, ...), before compilation, never in
+        evaluation mode (from `prepare_group`). Default: the model unchanged."""
         return model
+
+    needs_model_on_device: ClassVar[bool] = False
+    """Whether the strategy replicates the model over processes as it is (DDP): in multi-process training a
+    model the adapter did not move (`Adapter.places_model`) must already be on the device, and the walk
+    refuses one that is not, by name, before the strategy fails inside a collective."""
+
+    def optimizer_on_host(self) -> bool:
+        """Whether the strategy steps its own host optimizer instead of the user's (DeepSpeed's ZeRO-Offload
+        CPU optimizer), so that a vendor's device-fused replacement would never run
+        (`RunContext.optimizer_on_host`, read by adapters in `prepare_optimizer`). Default: False."""
+        return False
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The user's module inside whatever this strategy wrapped it in."""
@@ -121,8 +130,8 @@ class Strategy:
 
     compiles_model: ClassVar[bool] = False
     """Whether the strategy compiles the model itself, in `setup`, once its engine exists (e.g. DeepSpeed's
-    `engine.compile`); then `Adapter.compile_model` leaves a model it wraps uncompiled. The strategy reads the
-    settings from `RunContext.dynamo_plugin` through `Adapter.dynamo_settings` and `Adapter.compile_backend`."""
+    `engine.compile`); then the walk leaves a model it wraps uncompiled. The strategy reads the settings with
+    `accel.prepare.walk.compile_settings(ctx.adapter, ctx.dynamo_plugin)`."""
 
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""
@@ -134,10 +143,10 @@ class Strategy:
     def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
         """Take one model with the optimizers and schedulers that train it; return the group to train with.
 
-        Called once per group of a `prepare` call, after every object is placed and wrapped:
-        `group.model` is the prepared model (None for optimizers prepared without theirs),
-        `group.optimizers`/`group.schedulers` the objects inside accel's wrappers, their
-        parameters already the model's current ones. Return `group` unchanged (the default)
+        Called by `prepare_group` once per group of a `prepare` call, after `wrap_model`:
+        `group.model` is the wrapped model (None for optimizers prepared without theirs, not yet
+        compiled), `group.optimizers`/`group.schedulers` the user's objects (accel wraps them after),
+        the optimizers' parameters already the model's placed ones. Return `group` unchanged (the default)
         or `group.replace(model=..., optimizers=[...], schedulers=[...])` with the same
         number of optimizers and schedulers: the core puts each replacement into the
         prepared wrapper and the registry, and a scheduler the strategy did not replace
@@ -160,6 +169,11 @@ class Strategy:
         """Runs after every `Accelerator.backward`; `sync` says whether this backward closes an
         accumulation window (gradients must be synchronised now). For strategies that reduce
         gradients themselves instead of through a wrapper's hooks; the default does nothing."""
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs before each real step of a prepared optimizer (the inner optimizer): for strategies that
+        reduce gradients themselves and must still reduce the ones a bare `loss.backward()` left (XLA's
+        xla_ddp). Not called unless overridden, so it costs nothing per step otherwise."""
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """Run the backward pass of the (already scaled) loss; `sync` says whether this backward closes an

@@ -12,7 +12,7 @@ from ..settings.kwargs import DDPCommunicationHookType, DistributedDataParallelK
 from .base import Strategy
 
 if TYPE_CHECKING:
-    from ..prepare.context import PrepareContext
+    from ..prepare.context import RunContext
 
 
 class DDPStrategy(Strategy):
@@ -23,8 +23,9 @@ class DDPStrategy(Strategy):
     """
 
     name: ClassVar[str] = "ddp"
+    needs_model_on_device: ClassVar[bool] = True
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         if not ctx.use_distributed or isinstance(model, DDP):
             return model
         if not any(p.requires_grad for p in model.parameters()):

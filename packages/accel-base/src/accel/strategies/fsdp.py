@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..distributed.distributed_type import DistributedType
-    from ..prepare.context import PrepareContext
-    from ..prepare.prepared import Prepared, RunContext
+    from ..prepare.context import RunContext
+    from ..prepare.prepared import Prepared
     from .parallelism_config import MeshFacts, ParallelismConfig
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -392,7 +392,7 @@ class FSDP2Strategy(Strategy):
             self._mesh = init_device_mesh(device.type, (world_size,))
         return self._mesh
 
-    def wrap_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
+    def wrap_model(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         if not ctx.use_distributed or isinstance(model, FSDPModule):
@@ -424,7 +424,7 @@ class FSDP2Strategy(Strategy):
             _load_from_main(model, rank0_state, ctx.device)
         return model
 
-    def _nd_prepare(self, model: nn.Module, ctx: PrepareContext) -> Any:
+    def _nd_prepare(self, model: nn.Module, ctx: RunContext) -> Any:
         """Apply tensor parallelism (N-D runs); return the mesh to shard over (None: no sharding)."""
         pc = self.parallelism
         if pc is None:

@@ -5,6 +5,7 @@ Registered in `accel.testing.checks.CHECKS` like the training checks; see that m
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..accelerator import Accelerator
+from ..prepare.walk import model_walk
 from ..settings.kwargs import TorchDynamoPlugin
 from .checks import TRAIN_STEPS, _rank_world, _sgd_setup, _train_slices, check
 from .problems import LR, PER_RANK, build_model, flat_params, make_data
@@ -197,7 +199,7 @@ class AdapterDecisionRecord(Protocol):
     def decision_record(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """The adapter's own decisions about a prepared model and optimizer, as JSON values (a vendor
         layer's mode, a fused kernel's switch, how many layers were swapped). Called by the kit's
-        emulation-decision check after `prepare_model`/`prepare_optimizer`, once through the emulated
+        emulation-decision check after the walk's model steps and `prepare_optimizer`, once through the emulated
         adapter and once through its `hardware_twin`; the two results must be equal. Default: not
         defined, and the record holds only the kit's own entries (parameter dtypes and memory formats,
         optimizer class and flags)."""
@@ -217,7 +219,7 @@ def load_factory(path: str) -> Any:
 def _decisions(adapter: Any, ctx: Any, factory: Any) -> dict[str, Any]:
     built = factory()
     model, optimizer = built if isinstance(built, tuple) else (built, None)
-    prepared = adapter.prepare_model(model, ctx)
+    prepared = model_walk(model, dataclasses.replace(ctx, adapter=adapter))
     if optimizer is not None:
         optimizer = adapter.prepare_optimizer(optimizer, ctx)
     record = decision_record(prepared, optimizer)
@@ -232,7 +234,7 @@ def emulation(_: Path, models: str) -> dict[str, Any]:
     """Prepare the kit's model and each of the adapter's own (`emulation_models`) twice: through the
     emulated adapter and through its hardware twin; report both module trees and decision records."""
     acc = Accelerator()
-    ctx = acc._context(True)
+    ctx = acc._run(device_placement=True)
     factories = [("kit MLP", build_model)] + [(path, load_factory(path)) for path in models.split(",") if path]
     twin = hardware_twin(acc.adapter)
     results = []

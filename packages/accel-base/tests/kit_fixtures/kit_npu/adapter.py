@@ -61,8 +61,7 @@ class GatedNPUAdapter(RealNPUAdapter):
 
     name: ClassVar[str] = "gatednpu"
 
-    def prepare_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        model = super().prepare_model(model, ctx)
+    def optimize_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         return model if self.emulate else model.to(memory_format=torch.channels_last)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:

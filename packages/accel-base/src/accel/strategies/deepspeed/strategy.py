@@ -41,9 +41,9 @@ from .plugins import DEFAULT_PLUGIN, EngineRecord, UnknownDeepSpeedPluginError, 
 
 if TYPE_CHECKING:
     from ...distributed.distributed_type import DistributedType
-    from ...prepare.context import PrepareContext
+    from ...prepare.context import RunContext
     from ...prepare.group import PrepareGroup
-    from ...prepare.prepared import Prepared, RunContext
+    from ...prepare.prepared import Prepared
 
 __all__ = [
     "DEFAULT_PLUGIN",
@@ -266,7 +266,12 @@ class DeepSpeedStrategy(Strategy):
                 "they go through `deepspeed.initialize` together."
             )
 
-    def wrap_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+    def optimizer_on_host(self) -> bool:
+        """Under ZeRO-Offload a torch optimizer is replaced by DeepSpeed's CPU optimizer
+        (`DeepSpeedPlugin.maps_client_optimizer`)."""
+        return bool(self.plugin.maps_client_optimizer)
+
+    def wrap_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         # The engine is built in `setup`, with the model's optimizer and scheduler.
         self._device_type = ctx.device.type
         return model
@@ -347,12 +352,13 @@ class DeepSpeedStrategy(Strategy):
     def _compile_engine(self, engine: Any, ctx: RunContext) -> None:
         """Compile the engine's module once DeepSpeed has built it, as Accelerate does: `engine.compile` with
         the run's backend and settings, or each repeated block in place under regional compilation."""
-        plugin = ctx.adapter.dynamo_settings(ctx.dynamo_plugin)
-        if plugin is None or plugin.backend in (None, "no"):
-            return
         from ...prepare.compile import compile_kwargs, compile_regions_in_place
+        from ...prepare.walk import compile_settings
 
-        kwargs = compile_kwargs(plugin, default_backend=ctx.adapter.compile_backend())
+        plugin = compile_settings(ctx.adapter, ctx.dynamo_plugin)
+        if plugin is None:
+            return
+        kwargs = compile_kwargs(plugin, default_backend=str(plugin.backend))
         if plugin.use_regional_compilation:
             compile_regions_in_place(engine.module, **kwargs)
             return

@@ -42,8 +42,7 @@ class FakeDeviceAdapter(Adapter):
     def after_optimizer_step(self) -> None:
         self.vendor.mark_step()
 
-    def prepare_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        model = super().prepare_model(model, ctx)
+    def optimize_model(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         model._fakedev_prepared = True  # the decision under test: made the same way emulated or not
         return model
 
