@@ -146,7 +146,7 @@ def test_a_version_three_adapter_that_defines_a_version_two_prepare_hook_is_refu
         "the version-3 core no longer calls: it drives the prepare walk itself (docs/adapters.md, 'Versions of the "
         "contract'). Instead: `prepare_model`: let the core's walk prepare the model;"
     ), reason
-    with pytest.raises(AdapterNotFoundError, match="threewithprepare.*failed to load: .*declares adapter API 3"):
+    with pytest.raises(AdapterNotFoundError, match=r"threewithprepare.*failed to load: .*declares adapter API 3"):
         Accelerator(adapter="threewithprepare")
-    with pytest.warns(DeprecationWarning, match="'versiontwo' adapter"):  # the loaded one of the package
+    with pytest.warns(DeprecationWarning, match=r"'versiontwo' adapter"):  # the loaded one of the package
         assert registry.select_adapter().name == "versiontwo"

@@ -233,7 +233,7 @@ def test_decision_record_catches_what_the_module_tree_cannot() -> None:
         from kit_npu.kit_extras import conv_with_adam
     finally:
         sys.path.remove(str(FIXTURES))
-    ctx = Accelerator(cpu=True)._context(True)
+    ctx = Accelerator(cpu=True)._run(device_placement=True)
     for cls, same in ((RealNPUAdapter, True), (GatedNPUAdapter, False)):
         emulated = cls(emulate=True)
         a, b = _decisions(emulated, ctx, conv_with_adam), _decisions(hardware_twin(emulated), ctx, conv_with_adam)
@@ -266,8 +266,10 @@ def test_the_contract_reference_is_current() -> None:
         if "**Runs from:**" in row:
             assert "**Base:**" in row, row
     assert "| `decision_record` | `decision_record(self, model: torch.nn.Module" in text
-    context = text.split("## `PrepareContext`")[1].split("## `AdapterConformanceSuite` options")[0]
-    assert "`accelerator.Accelerator._context`" in context and "`prepare_model` (from" in context
+    context = text.split("## `RunContext`")[1].split("## `AdapterConformanceSuite` options")[0]
+    assert (
+        "`accelerator.Accelerator._run`" in context and "`places_model` (from `prepare.walk.convert_model`)" in context
+    )
     for field in ("device", "strategy", "precision", "optimizers", "kwargs_handlers"):
         assert f"| `{field}` |" in context
 
@@ -293,10 +295,12 @@ def test_when_it_runs_and_the_default_are_read_from_the_code() -> None:
     from accel.testing.contract_doc import base_behaviour, call_sites
 
     sites = call_sites({"before_process_group", "place_model", "default_strategy", "priority"})
-    assert sites["before_process_group"] == {"state.PartialState._init_process_group"}
-    assert sites["place_model"] == {"adapter.Adapter.prepare_model"}
-    assert "state.AcceleratorState.__init__" in sites["default_strategy"]  # through `chosen = self._partial.adapter`
-    assert "registry.select_adapter" in sites["priority"]  # the registry's `c.priority`
+    assert sites["before_process_group"] == {"distributed.state.PartialState._init_process_group"}
+    assert sites["place_model"] == {"prepare.walk.convert_model"}  # the core's walk, never another adapter hook
+    assert (
+        "distributed.state.AcceleratorState.__init__" in sites["default_strategy"]
+    )  # `chosen = self._partial.adapter`
+    assert "adapter.registry.select_adapter" in sites["priority"]  # the registry's `c.priority`
 
     def nothing(self: Any) -> None:
         """Docstring only."""

@@ -31,7 +31,7 @@ from .distributed import ops
 from .distributed.state import AcceleratorState, DistributedType, GradientState
 from .errors import AccelError, CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
 from .precision.base import Precision, remove_autocast_wrapper
-from .prepare.compile import strip_compile, unwrap_through
+from .prepare.compile import compile_settings, strip_compile, unwrap_through
 from .prepare.optimizer import AcceleratedOptimizer
 from .prepare.placement import check_device_map, verify_device_map
 from .prepare.prepared import Prepared, RunContext
@@ -212,6 +212,8 @@ class Accelerator(AcceleratorCompatMixin):
                 f"The {self.adapter.name!r} adapter does not support the {self.strategy.name!r} strategy; it supports "
                 f"{sorted(supported)}. Pick one of those, or an adapter that supports {self.strategy.name!r}."
             )
+        self.adapter.check_strategy(self.strategy.name)  # a strategy the adapter's options rule out
+        compile_settings(self.adapter, self.state.dynamo_plugin)  # a compile it cannot run is refused now, by name
         # Called after every backward with whether it synchronises gradients; looked up once
         # so that strategies without the hook cost nothing per step.
         overridden = type(self.strategy).after_backward is not Strategy.after_backward

@@ -37,7 +37,7 @@ class LegacyPrepareHooks:
 
     def apply_precision(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """Version 2's precision step (deprecated): the run's precision converts the model."""
-        from ..prepare.walk import precision_of
+        from ..precision.base import precision_of
 
         return precision_of(ctx).convert_module(model, ctx)
 
@@ -47,8 +47,7 @@ class LegacyPrepareHooks:
 
     def compile_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """Version 2's compile step (deprecated): what the walk compiles, with the adapter's settings."""
-        from ..prepare.compile import compile_model
-        from ..prepare.walk import compile_settings
+        from ..prepare.compile import compile_model, compile_settings
 
         settings = compile_settings(ctx.adapter, ctx.dynamo_plugin)
         if settings is None or (ctx.strategy.compiles_model and not ctx.evaluation_mode):

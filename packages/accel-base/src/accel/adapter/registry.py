@@ -226,12 +226,6 @@ def select_adapter(requested: str | None = None, *, emulate: bool = False) -> ty
     A requested adapter that is not available here raises `AdapterUnavailableError`
     with the reason, unless `emulate` is set (emulation runs it on the CPU).
     """
-    cls = _select(requested, emulate=emulate)
-    warn_deprecated_version(cls)
-    return cls
-
-
-def _select(requested: str | None, *, emulate: bool) -> type[Adapter]:
     if requested:
         cls = get_adapter_class(requested)
         if not emulate:
@@ -241,10 +235,12 @@ def _select(requested: str | None, *, emulate: bool) -> type[Adapter]:
                     f"The accel adapter {requested!r} is installed but cannot run here: {avail.reason}. "
                     "Run on its hardware, or set ACCEL_EMULATE=1 (`accel launch --emulate`) to run it on the CPU."
                 )
+        warn_deprecated_version(cls)
         return cls
     candidates = [cls for cls in installed_adapters().values() if cls.name != BUILTIN_ADAPTER and availability(cls)]
     chosen = max(candidates, key=lambda c: (c.priority, c.name)) if candidates else get_adapter_class(BUILTIN_ADAPTER)
     _warn_broken(chosen.name)
+    warn_deprecated_version(chosen)
     return chosen
 
 

@@ -224,3 +224,11 @@ def _restore_step(optimizer: torch.optim.Optimizer, own: Any) -> None:
         optimizer.__dict__.pop("step", None)
     else:
         optimizer.step = own  # type: ignore[method-assign]
+
+
+def precision_of(ctx: Any) -> Precision:
+    """The run's precision (`ctx.precision`, a `RunContext`'s), or the adapter's precision class for the mode
+    outside a run (a context built by hand)."""
+    if ctx.precision is not None:
+        return ctx.precision  # type: ignore[no-any-return]
+    return Precision.of(ctx.adapter, ctx.mixed_precision, ctx.autocast_kwargs)

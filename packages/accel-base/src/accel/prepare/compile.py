@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+import dataclasses
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from ..errors import CompileNotSupportedError
 from ..settings.kwargs import TorchDynamoPlugin
+
+if TYPE_CHECKING:
+    from ..adapter.base import Adapter
 
 
 def is_compiled_module(module: torch.nn.Module) -> bool:
@@ -22,6 +27,32 @@ def compile_kwargs(plugin: TorchDynamoPlugin, *, default_backend: str) -> dict[s
     if plugin.options is not None:
         kwargs["options"] = plugin.options
     return kwargs
+
+
+def compile_settings(adapter: Adapter, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
+    """The compile settings a run on `adapter` uses for the user's `plugin` (None: no compilation), with
+    the backend resolved ("default" is the adapter's `compile_backend()`).
+
+    Raises:
+        CompileNotSupportedError: the adapter cannot compile (`Capabilities.compile` is False), or the
+            backend is not one the adapter runs (`Adapter.compile_backends`); the message names the adapter.
+    """
+    settings = adapter.dynamo_settings(plugin)
+    if settings is None or settings.backend in (None, "no"):
+        return None
+    backend = adapter.compile_backend() if settings.backend == "default" else settings.backend
+    if not adapter.capabilities.compile:
+        raise CompileNotSupportedError(
+            f"The {adapter.name!r} adapter does not run torch.compile (dynamo_backend={settings.backend!r} was asked "
+            "for). Drop dynamo_backend / --dynamo_backend (or set it to 'no'), or use an adapter that compiles."
+        )
+    runs = adapter.compile_backends
+    if runs is not None and backend not in runs:
+        raise CompileNotSupportedError(
+            f"The {adapter.name!r} adapter does not run the torch.compile backend {backend!r}; it runs "
+            f"{sorted(runs)}. Use dynamo_backend='default' (its own, {adapter.compile_backend()!r}) or one of those."
+        )
+    return dataclasses.replace(settings, backend=backend)
 
 
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin, *, default_backend: str) -> torch.nn.Module:

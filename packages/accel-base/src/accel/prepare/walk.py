@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import CompileNotSupportedError
-from .compile import compile_model, unwrap_through
+from ..precision.base import precision_of
+from .compile import compile_model, compile_settings, unwrap_through
 from .context import RunContext
 from .group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
 from .optimizer import AcceleratedOptimizer
@@ -44,8 +44,6 @@ from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 
 if TYPE_CHECKING:
     from ..adapter.base import Adapter
-    from ..precision.base import Precision
-    from ..settings.kwargs import TorchDynamoPlugin
     from .prepared import Prepared
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
@@ -64,15 +62,6 @@ def is_prepared(obj: Any) -> bool:
 
 
 # ---- the steps one model takes ----------------------------------------------------------------
-def precision_of(ctx: RunContext) -> Precision:
-    """The run's precision (`ctx.precision`), or the adapter's precision class for the mode outside a run."""
-    if ctx.precision is not None:
-        return ctx.precision
-    from ..precision.base import Precision
-
-    return Precision.of(ctx.adapter, ctx.mixed_precision, ctx.autocast_kwargs)
-
-
 def convert_model(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
     """Everything a model goes through before the strategy: placement (`Adapter.places_model`,
     `Adapter.place_model`), the vendor's optimisation (`Adapter.optimize_model`), precision
@@ -82,32 +71,6 @@ def convert_model(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         model = adapter.place_model(model, ctx)
     model = adapter.optimize_model(model, ctx)
     return precision_of(ctx).convert_module(model, ctx)
-
-
-def compile_settings(adapter: Adapter, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
-    """The compile settings a run on `adapter` uses for the user's `plugin` (None: no compilation), with
-    the backend resolved ("default" is the adapter's `compile_backend()`).
-
-    Raises:
-        CompileNotSupportedError: the adapter cannot compile (`Capabilities.compile` is False), or the
-            backend is not one the adapter runs (`Adapter.compile_backends`); the message names the adapter.
-    """
-    settings = adapter.dynamo_settings(plugin)
-    if settings is None or settings.backend in (None, "no"):
-        return None
-    backend = adapter.compile_backend() if settings.backend == "default" else settings.backend
-    if not adapter.capabilities.compile:
-        raise CompileNotSupportedError(
-            f"The {adapter.name!r} adapter does not run torch.compile (dynamo_backend={settings.backend!r} was asked "
-            "for). Drop dynamo_backend / --dynamo_backend (or set it to 'no'), or use an adapter that compiles."
-        )
-    runs = adapter.compile_backends
-    if runs is not None and backend not in runs:
-        raise CompileNotSupportedError(
-            f"The {adapter.name!r} adapter does not run the torch.compile backend {backend!r}; it runs "
-            f"{sorted(runs)}. Use dynamo_backend='default' (its own, {adapter.compile_backend()!r}) or one of those."
-        )
-    return dataclasses.replace(settings, backend=backend)
 
 
 def compile_step(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:

@@ -131,7 +131,7 @@ class Strategy:
     compiles_model: ClassVar[bool] = False
     """Whether the strategy compiles the model itself, in `setup`, once its engine exists (e.g. DeepSpeed's
     `engine.compile`); then the walk leaves a model it wraps uncompiled. The strategy reads the settings with
-    `accel.prepare.walk.compile_settings(ctx.adapter, ctx.dynamo_plugin)`."""
+    `accel.prepare.compile.compile_settings(ctx.adapter, ctx.dynamo_plugin)`."""
 
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""

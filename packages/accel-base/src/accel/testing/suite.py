@@ -273,10 +273,10 @@ class AdapterConformanceSuite:
         "training",
         "before_prepare",
         "after_prepare",
-        "prepare_model",
+        "places_model",
         "place_model",
-        "apply_precision",
-        "apply_strategy",
+        "optimize_model",
+        "check_strategy",
         "ddp_device_ids",
         "prepare_optimizer",
         "strategy_defaults",
@@ -360,8 +360,6 @@ class AdapterConformanceSuite:
         "autocast",
         "make_grad_scaler",
         "has_own_optimizer_step",
-        "convert_to_fp8",
-        "apply_precision",
     )
     def test_mixed_precision(self, kit: KitRun, mode: str) -> None:
         if mode not in kit.capabilities.precisions:
@@ -412,7 +410,7 @@ class AdapterConformanceSuite:
             assert r["bitwise_equal"], f"resumed weights differ by up to {r['max_abs_diff']}"
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
-    @kit_checks("save_model", "apply_strategy")
+    @kit_checks("save_model", "checkpoint_on_host")
     def test_save_model_loads_into_a_plain_module(self, kit: KitRun, strategy: str) -> None:
         ranks = kit.get(f"save_model:{self._require_strategy(kit, strategy)}")
         directory = Path(ranks[0]["directory"])
@@ -427,7 +425,7 @@ class AdapterConformanceSuite:
             assert torch.equal(problems.flat_params(plain), problems.as_tensor(ranks[0]["params"]))
         assert len(list((directory.with_name(directory.name + "-sharded")).glob("*.safetensors"))) > 1
 
-    @kit_checks("unwrap_model", "prepare_model", "apply_precision")
+    @kit_checks("unwrap_model", "places_model", "optimize_model")
     def test_unwrap_model_returns_the_original(self, kit: KitRun) -> None:
         name = next(n for n in self.planned_checks(kit.capabilities) if n.startswith("unwrap_model"))
         for r in kit.get(name):
@@ -435,7 +433,7 @@ class AdapterConformanceSuite:
             if not name.endswith(":no"):
                 assert r["forward_restored"], "keep_fp32_wrapper=False must restore the original forward"
 
-    @kit_checks("compile", "compile_model", "dynamo_settings", "compile_backend")
+    @kit_checks("compile", "compile_backends", "dynamo_settings", "compile_backend")
     def test_compile(self, kit: KitRun) -> None:
         if not kit.capabilities.compile:
             pytest.skip("the adapter does not claim torch.compile (Capabilities.compile)")
@@ -446,7 +444,7 @@ class AdapterConformanceSuite:
             _close(problems.as_tensor(r["params"]), reference)
 
     # ---- N-D parallelism the adapter claims ----------------------------------------------------------
-    @kit_checks("parallel", "capabilities", "apply_strategy", "prepare_model")
+    @kit_checks("parallel", "capabilities", "place_model")
     @pytest.mark.parametrize("kind", PARALLEL_CHECKS)
     def test_parallelism_trains_like_one_process(self, kit: KitRun, kind: str) -> None:
         """TP over every process, or HSDP (2 x world/2 from 4 processes, else the 1 x world mesh), trains the
@@ -503,7 +501,7 @@ class AdapterConformanceSuite:
                 f"got {report['type'] or 'no error'}: {report['message']}"
             )
 
-    @kit_checks("emulation", "prepare_model", "prepare_optimizer", "decision_record")
+    @kit_checks("emulation", "optimize_model", "prepare_optimizer", "decision_record")
     def test_emulation_makes_the_hardware_decisions(self, kit: KitRun) -> None:
         if not self.emulated():
             pytest.skip("runs only under emulation (it compares the emulated run with the hardware decisions)")
