@@ -171,3 +171,129 @@ def test_checkpoints_never_take_the_accelerator() -> None:
     for fn in (checkpoint.save_state, checkpoint.load_state):
         params = list(inspect.signature(fn).parameters)
         assert params[:2] == ["prepared", "ctx"], params
+
+
+# ---- the house: folders by concern, a one-way compatibility layer, no vendor in the core ----------
+ENGINE = ("prepare", "adapter", "precision", "strategies", "data", "checkpoint", "distributed", "trackers", "settings")
+"""The engine's folders. They import one another and `accel.errors`, never the edge: `compat/` (Accelerate's
+names and translation), `commands/` (the CLI), `testing/` (the kit) or the public modules at the top."""
+PUBLIC_MODULES = 15
+"""At most this many modules at the top of `accel/`: Accelerate's module paths users import and accel's entry points."""
+FOLDER_MODULES = 17
+"""At most this many modules in one folder."""
+
+
+def _engine(module: str) -> bool:
+    parts = module.split(".")
+    return len(parts) > 1 and parts[1] in ENGINE
+
+
+def test_engine_folders_never_import_the_edge() -> None:
+    # Counted on every import (function-local ones too; not those under TYPE_CHECKING): the engine reaches
+    # Accelerate's names, the CLI or the public modules only through what the edge hands it.
+    graph = _graph()
+    edges = {
+        (module, target)
+        for module, targets in graph.items()
+        if _engine(module)
+        for target in targets
+        if not _engine(target) and target != "accel.errors"
+    }
+    assert edges == set()
+
+
+def test_top_level_keeps_only_the_public_surface_and_no_folder_is_crowded() -> None:
+    top = sorted(p.stem for p in SRC.glob("*.py"))
+    assert len(top) <= PUBLIC_MODULES, top
+    for folder in [p for p in SRC.rglob("*") if p.is_dir() and p.name != "__pycache__"]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= FOLDER_MODULES, (folder, len(modules))
+
+
+PACKAGES = Path(__file__).resolve().parents[2]
+VENDORS = ("cuda", "nvidia", "habana", "gaudi", "hpu", "xla", "tpu", "ipex", "intel", "megatron")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_core_imports_no_adapter_package_and_no_adapter_imports_another() -> None:
+    core = {str(p.relative_to(SRC)): _imported_roots(p) & {"accel_" + v for v in VENDORS} for p in SRC.rglob("*.py")}
+    assert {path: found for path, found in core.items() if found} == {}
+    adapters = sorted(p.name.replace("-", "_") for p in PACKAGES.glob("accel-*") if p.name != "accel-base")
+    assert len(adapters) >= 5
+    for package in adapters:
+        src = PACKAGES / package.replace("_", "-") / "src" / package
+        for path in src.rglob("*.py"):
+            others = _imported_roots(path) & (set(adapters) - {package})
+            assert not others, (path, others)
+
+
+def test_adapters_answer_and_never_call_a_strategy() -> None:
+    # The core drives the prepare walk: an adapter's module never reaches the run's strategy.
+    for path in PACKAGES.glob("accel-*/src/accel_*/adapter.py"):
+        text = path.read_text()
+        for reach in ("ctx.strategy", ".wrap_model(", ".prepare_group(", ".setup(", "step_needs_reduction"):
+            assert reach not in text, (path, reach)
+    base = (SRC / "adapter" / "base.py").read_text()
+    assert "ctx.strategy" not in base and "Precision.of(" not in base
+
+
+DOCUMENTED_PATHS = [
+    ("accel", "Accelerator"),
+    ("accel.state", "AcceleratorState"),
+    ("accel.state", "PartialState"),
+    ("accel.state", "GradientState"),
+    ("accel.utils", "set_seed"),
+    ("accel.utils", "ParallelismConfig"),
+    ("accel.data_loader", "DataLoaderShard"),
+    ("accel.tracking", "GeneralTracker"),
+    ("accel.optimizer", "AcceleratedOptimizer"),
+    ("accel.scheduler", "AcceleratedScheduler"),
+    ("accel.logging", "get_logger"),
+    ("accel.local_sgd", "LocalSGD"),
+    ("accel.launchers", "notebook_launcher"),
+    ("accel.errors", "CompileNotSupportedError"),
+    ("accel.adapter", "Adapter"),
+    ("accel.adapter", "Capabilities"),
+    ("accel.adapter.options", "AdapterOptions"),
+    ("accel.prepare", "PrepareContext"),
+    ("accel.prepare", "RunContext"),
+    ("accel.prepare.prepared", "Prepared"),
+    ("accel.strategies.base", "Strategy"),
+    ("accel.strategies.deepspeed", "DeepSpeedPlugin"),
+    ("accel.precision", "Precision"),
+    ("accel.testing", "AdapterConformanceSuite"),
+    ("accel.testing.emulated", "record_calls"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), DOCUMENTED_PATHS)
+def test_every_documented_import_path_works(module: str, name: str) -> None:
+    import importlib
+
+    assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_the_flat_module_paths_of_before_still_import_with_a_warning() -> None:
+    import importlib
+
+    from accel.compat.moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"^{old} moved to {new}; import it from there"):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+    from accel.prepared import Prepared, RunContext  # the form an adapter of contract 2 used
+
+    assert RunContext is importlib.import_module("accel.prepare.context").RunContext
+    assert Prepared is importlib.import_module("accel.prepare.prepared").Prepared
