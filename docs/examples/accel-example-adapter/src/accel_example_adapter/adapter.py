@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.adapter import Adapter, Availability, Capabilities
 from accel.adapter.options import AdapterOptions, option
-from accel.prepare.context import PrepareContext
+from accel.prepare import RunContext
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -29,6 +29,7 @@ class ExampleOptions(AdapterOptions):
 
 
 class ExampleAdapter(Adapter):
+    api_version: ClassVar[int] = 3  # the adapter contract it was written for (accel.adapter.ADAPTER_API_VERSION)
     name: ClassVar[str] = "example"
     priority: ClassVar[int] = 10
     hardware_device_type: ClassVar[str] = "cpu"
@@ -64,7 +65,7 @@ class ExampleAdapter(Adapter):
         # get_rng_state and set_rng_state, so set_seed, save_state and load_state reach them.
         self.vendor.set_device(self.local_index)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: PrepareContext) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: RunContext) -> torch.optim.Optimizer:
         # A vendor decision: AdamW runs the device's fused kernel when it has one. Never gate
         # it on `self.emulate`: the kit's decision record (fused flag) would differ.
         if isinstance(optimizer, torch.optim.AdamW) and self.vendor.has_fused_adamw():
