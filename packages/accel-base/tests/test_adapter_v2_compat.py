@@ -65,13 +65,27 @@ class ThreeWithAPrepareModel(VersionTwoAdapter):
     api_version: ClassVar[int] = 3
 
 
+class UndeclaredTwo(Adapter):
+    """A version-2 adapter that never set `api_version` (it inherited 2 from the base then) and defines
+    `prepare_model`: taken for version 2, not refused."""
+
+    name: ClassVar[str] = "undeclaredtwo"
+    priority: ClassVar[int] = -200
+    capabilities: ClassVar[Capabilities] = Capabilities(precisions=frozenset({"no"}), strategies=frozenset({"ddp"}))
+
+    def prepare_model(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
+        return super().prepare_model(model, ctx)
+
+
 @pytest.fixture
 def installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """`accel-v2-example` installed: its adapters are entry points of this module."""
     info = tmp_path / "accel_v2_example-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 0.1\n")
-    points = {cls.name: f"{__name__}:{cls.__name__}" for cls in (VersionTwoAdapter, ThreeWithAPrepareModel)}
+    points = {
+        cls.name: f"{__name__}:{cls.__name__}" for cls in (VersionTwoAdapter, ThreeWithAPrepareModel, UndeclaredTwo)
+    }
     (info / "entry_points.txt").write_text(
         "[accel.adapter]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
     )
@@ -150,3 +164,15 @@ def test_a_version_three_adapter_that_defines_a_version_two_prepare_hook_is_refu
         Accelerator(adapter="threewithprepare")
     with pytest.warns(DeprecationWarning, match=r"'versiontwo' adapter"):  # the loaded one of the package
         assert registry.select_adapter().name == "versiontwo"
+
+
+def test_an_adapter_that_never_declared_a_version_and_defines_prepare_model_is_taken_for_version_two(
+    installed_package: None,
+) -> None:
+    assert "undeclaredtwo" not in registry.broken_adapters()
+    assert registry.effective_api_version(UndeclaredTwo) == 2
+    with pytest.warns(DeprecationWarning, match=r"'undeclaredtwo' adapter .* was built for adapter API 2"):
+        accelerator = Accelerator(adapter="undeclaredtwo")
+    with pytest.warns(DeprecationWarning, match=r"defines prepare_model, which version 3"):
+        model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert isinstance(model, torch.nn.Linear)

@@ -130,8 +130,8 @@ def error_of(fn):
         return str(exc)
     return ""
 
-acc = fresh("fast_ddp", fsdp_plugin=FSDPConfig())
-out["fast_with_fsdp"] = error_of(lambda: acc.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.1)))
+# Refused when the Accelerator is built (the adapter's `check_strategy`), before anything is prepared.
+out["fast_with_fsdp"] = error_of(lambda: fresh("fast_ddp", fsdp_plugin=FSDPConfig()))
 acc = fresh("ddp")
 quantized = Net()
 quantized.is_loaded_in_4bit = True
@@ -215,8 +215,11 @@ def test_fsdp2_with_activation_checkpointing_on_the_adapter_device(results):
 
 
 def test_fast_ddp_under_another_strategy_is_refused(results):
-    assert "applies to the 'ddp' strategy only" in results[0]["fast_with_fsdp"]
-    assert "use strategy 'ddp'" in results[0]["fast_with_fsdp"]
+    assert (
+        "replaces DDP and runs as the 'fast_ddp' strategy; this Accelerator uses 'fsdp2'"
+        in results[0]["fast_with_fsdp"]
+    )
+    assert "Drop --distribution-strategy fast_ddp" in results[0]["fast_with_fsdp"]
 
 
 def test_device_map_errors_in_distributed_mode(results):

@@ -3,6 +3,8 @@ strategies through entry points (`registry`), and the built-in cpu adapter (`cpu
 
 from .base import (
     ADAPTER_API_VERSION,
+    DEPRECATED_ADAPTER_API_VERSIONS,
+    LEGACY_PREPARE_HOOKS,
     PRECISIONS,
     REMOVED_ADAPTER_HOOKS,
     SUPPORTED_ADAPTER_API_VERSIONS,
@@ -13,6 +15,8 @@ from .base import (
 
 __all__ = [
     "ADAPTER_API_VERSION",
+    "DEPRECATED_ADAPTER_API_VERSIONS",
+    "LEGACY_PREPARE_HOOKS",
     "PRECISIONS",
     "REMOVED_ADAPTER_HOOKS",
     "SUPPORTED_ADAPTER_API_VERSIONS",

@@ -1,10 +1,11 @@
 """The adapter contract: the one place that owns a kind of hardware.
 
 An adapter says which device a local rank uses, which collective backend joins the
-processes, how autocast and loss scaling work there, and how a model is made ready
-(`prepare_model`). Every method has the plain-PyTorch behaviour as its default, so an
-adapter overrides only what its hardware does differently. Nothing outside an adapter
-touches a vendor module.
+processes, how autocast and loss scaling work there, and answers the prepare walk's hardware
+questions (whether and how a model is placed, a vendor's own model optimisation, its compile
+backend); the core drives the walk (`accel.prepare.walk`) and the adapter never calls a strategy.
+Every method has the plain-PyTorch behaviour as its default, so an adapter overrides only what its
+hardware does differently. Nothing outside an adapter touches a vendor module.
 
 Emulation (`ACCEL_EMULATE=1`): the adapter keeps every decision and swaps only the
 device (for `cpu`), the backend (for `gloo`) and the one module holding vendor calls

@@ -88,7 +88,7 @@ def adapter_records() -> dict[str, PluginRecord]:
                 distribution=rec.distribution,
                 error=_removed_hooks(cls, Adapter, REMOVED_ADAPTER_HOOKS),
             )
-        elif rec.ok and cls.api_version not in DEPRECATED_ADAPTER_API_VERSIONS and legacy_hooks(cls):
+        elif rec.ok and declared_api_version(cls) not in (None, *DEPRECATED_ADAPTER_API_VERSIONS) and legacy_hooks(cls):
             records[name] = PluginRecord(
                 name=name,
                 value=rec.value,
@@ -116,6 +116,22 @@ def adapter_records() -> dict[str, PluginRecord]:
     return records
 
 
+def declared_api_version(cls: type[Adapter]) -> int | None:
+    """The `api_version` the adapter class (or a class between it and `Adapter`) sets itself; None when it
+    inherits the base's. An adapter written for version 2 that never set it then defining a version-2 prepare
+    hook is taken for what it is, a version-2 adapter, not refused."""
+    return next((vars(k)["api_version"] for k in cls.__mro__ if k is not Adapter and "api_version" in vars(k)), None)
+
+
+def effective_api_version(cls: type[Adapter]) -> int:
+    """The contract version the core holds the adapter to: the declared one, else 2 for a class that defines a
+    version-2 prepare hook without declaring any (written before version 3), else the current one."""
+    declared = declared_api_version(cls)
+    if declared is not None:
+        return int(declared)
+    return 2 if legacy_hooks(cls) else ADAPTER_API_VERSION
+
+
 def _legacy_refusal(cls: type[Adapter]) -> str:
     """Why a version-3 adapter that defines a version-2 prepare hook cannot load."""
     found = legacy_hooks(cls)
@@ -130,12 +146,13 @@ def _legacy_refusal(cls: type[Adapter]) -> str:
 def warn_deprecated_version(cls: type[Adapter]) -> None:
     """A `DeprecationWarning`, once per adapter class, for an adapter built for a version still loading
     for this minor release only (`DEPRECATED_ADAPTER_API_VERSIONS`)."""
-    if cls.api_version not in DEPRECATED_ADAPTER_API_VERSIONS or cls in _WARNED_VERSIONS:
+    version = effective_api_version(cls)
+    if version not in DEPRECATED_ADAPTER_API_VERSIONS or cls in _WARNED_VERSIONS:
         return
     _WARNED_VERSIONS.add(cls)
     warnings.warn(
         f"The {cls.name!r} adapter ({cls.__module__}.{cls.__qualname__}) was built for adapter API "
-        f"{cls.api_version}; this accel-base speaks {ADAPTER_API_VERSION} and loads version {cls.api_version} for "
+        f"{version}; this accel-base speaks {ADAPTER_API_VERSION} and loads version {version} for "
         f"this minor release only. docs/adapters.md ('Versions of the contract') says what to change.",
         DeprecationWarning,
         stacklevel=4,

@@ -79,7 +79,7 @@ class RunContext:
     adapter whose default rule places differently (e.g. no move in multi-process training) honours a
     request."""
     evaluation_mode: bool = False
-    """Prepare for inference: precision and compilation only, no strategy."""
+    """Prepare for inference: placement, the vendor's optimisation, precision and compilation; no strategy."""
     optimizers: tuple[torch.optim.Optimizer, ...] = ()
     """For a model: the optimizers of the same `prepare` call that hold its parameters, found by the
     core by parameter identity (for vendors that optimize a model together with its optimizer)."""

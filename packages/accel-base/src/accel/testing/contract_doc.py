@@ -180,7 +180,7 @@ def base_behaviour(function: Any) -> str:
                     called.append(f"`self.{func.attr}`")
     lines = len(inspect.getsource(function).splitlines())
     calls = f", calling {', '.join(dict.fromkeys(called))}" if called else ""
-    return f"{lines} lines in accel/adapter.py{calls}"
+    return f"{lines} lines in accel/adapter/{Path(inspect.getfile(function)).name}{calls}"
 
 
 def _members(cls: type) -> list[tuple[str, str, str]]:
