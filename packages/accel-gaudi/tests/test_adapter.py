@@ -12,8 +12,7 @@ from accel.adapter.registry import select_adapter
 from accel.cli import _launch_parser, worker_env
 from accel.precision.base import remove_autocast_wrapper
 from accel.prepare.context import RunContext
-from accel.prepare.placement import check_on_device
-from accel.prepare.walk import convert_model
+from accel.prepare.walk import check_on_device, convert_model
 from accel.strategies.base import Strategy
 from accel.strategies.ddp import DDPStrategy
 from accel_gaudi import GaudiAdapter, GaudiOptions, hpu_emulated

@@ -33,10 +33,9 @@ from .errors import AccelError, CheckpointError, StrategyNotSupportedError, Unsu
 from .precision.base import Precision, remove_autocast_wrapper
 from .prepare.compile import compile_settings, strip_compile, unwrap_through
 from .prepare.optimizer import AcceleratedOptimizer
-from .prepare.placement import check_device_map, verify_device_map
 from .prepare.prepared import Prepared, RunContext
 from .prepare.scheduler import AcceleratedScheduler
-from .prepare.walk import PrepareWalk
+from .prepare.walk import PrepareWalk, check_device_map, verify_device_map
 from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,

@@ -10,6 +10,7 @@ one is refused when adapters are discovered (`accel.adapter.base.LEGACY_PREPARE_
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,3 +68,22 @@ def legacy_hooks(cls: type) -> list[str]:
 def runs_own_prepare(cls: type) -> bool:
     """Whether the walk calls this adapter's own `prepare_model` (a version-1/2 adapter defining a legacy hook)."""
     return bool(legacy_hooks(cls))
+
+
+_WARNED: set[type] = set()
+
+
+def warn_legacy(adapter: Any) -> None:
+    """The walk's `DeprecationWarning`, once per adapter class, for an adapter that runs its own `prepare_model`."""
+    cls = type(adapter)
+    if cls in _WARNED:
+        return
+    _WARNED.add(cls)
+    warnings.warn(
+        f"The {adapter.name!r} adapter ({cls.__module__}.{cls.__qualname__}, contract version {adapter.api_version}) "
+        f"defines {', '.join(legacy_hooks(cls))}, which version 3 of the adapter contract no longer calls: the "
+        "core drives the prepare walk. It runs as before for this minor release; docs/adapters.md ('Versions of "
+        "the contract') says what to change.",
+        DeprecationWarning,
+        stacklevel=5,
+    )

@@ -14,6 +14,7 @@ Two pieces the prepare walk (`Accelerator.prepare`) uses, independent of any str
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -191,3 +192,61 @@ def _reshaped(old: torch.Tensor, new: torch.Tensor) -> bool:
     """Whether optimizer state for `old` cannot simply be cast onto `new` (another shape, or a tensor
     subclass such as a DTensor shard whose local shape differs from the shape it reports)."""
     return old.shape != new.shape or type(old) is not type(new)
+
+
+_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
+
+
+def is_scheduler(obj: Any) -> bool:
+    """Whether `obj` is a learning-rate scheduler (torch's, or one shaped like it)."""
+    return isinstance(obj, _SCHEDULER_TYPES) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    )
+
+
+def is_prepared(obj: Any) -> bool:
+    """Whether `prepare` returned `obj` already (it is then handed back unchanged)."""
+    return bool(getattr(obj, "_is_accel_prepared", False))
+
+
+def holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
+    """Whether `obj` is an optimizer holding a parameter of `model`."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        return False
+    params = {id(p) for p in model.parameters()}
+    return any(id(p) in params for p in optimizer_params(obj))
+
+
+def kind_of(obj: Any) -> str | None:
+    """ "model", "loader", "optimizer", "scheduler", or None for anything else (and for None)."""
+    if obj is None:
+        return None
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return "loader"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if is_scheduler(obj):
+        return "scheduler"
+    return None
+
+
+def warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
+    """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
+    if not prepared_models:
+        return
+    owned = {id(p) for model in prepared_models for p in model.parameters()}
+    for obj in optimizers:
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        params = optimizer_params(obj)
+        if params and not any(id(p) in owned for p in params):
+            warnings.warn(
+                f"The {type(obj).__name__} optimizer passed to `prepare` holds {len(params)} parameter tensor(s), none "
+                "of which belongs to a model prepared by this Accelerator, so stepping it trains none of them. Build "
+                "the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
+                "and pass both to the same `prepare` call, or build it from the prepared model's parameters.",
+                UserWarning,
+                stacklevel=4,
+            )

@@ -27,38 +27,103 @@ its steps) run it in place of step 3 and the strategy's `wrap_model` (`accel.ada
 from __future__ import annotations
 
 import dataclasses
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..adapter.legacy import runs_own_prepare, warn_legacy
+from ..distributed.distributed_type import DistributedType
 from ..precision.base import precision_of
 from .compile import compile_model, compile_settings, unwrap_through
 from .context import RunContext
-from .group import GroupIndex, ParameterMap, PrepareGroup, group_objects, optimizer_params
+from .group import (
+    GroupIndex,
+    ParameterMap,
+    PrepareGroup,
+    group_objects,
+    holds_parameters_of,
+    is_prepared,
+    is_scheduler,
+    kind_of,
+    warn_detached_optimizers,
+)
 from .optimizer import AcceleratedOptimizer
-from .placement import check_on_device
 from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
 
 if TYPE_CHECKING:
     from ..adapter.base import Adapter
     from .prepared import Prepared
 
-_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
+
+# ---- where a model goes -----------------------------------------------------------------------
+def check_on_device(model: torch.nn.Module, ctx: RunContext) -> None:
+    """A model left where it was (the adapter's `places_model` said no) must already be on the device when
+    the strategy replicates it over processes (`Strategy.needs_model_on_device`): a model left on the host
+    would fail later inside a collective with a much less helpful message.
+
+    Raises:
+        ValueError: a parameter is on another device type than `ctx.device`, saying what to call.
+    """
+    if ctx.evaluation_mode or not ctx.use_distributed or not ctx.strategy.needs_model_on_device:
+        return
+    stray = {p.device.type for p in model.parameters()} - {ctx.device.type}
+    if stray:
+        raise ValueError(
+            f"In multi-process training the {ctx.adapter.name!r} adapter does not move models: this one has "
+            f"parameters on {sorted(stray)}, not on {ctx.device}. Call `model.to(accelerator.device)` before "
+            "`prepare`, or ask for the move with `prepare(..., device_placement=[True, ...])`."
+        )
 
 
-def is_scheduler(obj: Any) -> bool:
-    """Whether `obj` is a learning-rate scheduler (torch's, or one shaped like it)."""
-    return isinstance(obj, _SCHEDULER_TYPES) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-    )
+def check_device_map(
+    model: torch.nn.Module, device_placement: bool, distributed_type: DistributedType, device: torch.device
+) -> bool:
+    """Accelerate's rules for quantized and `device_map` models; returns the placement to use."""
+    device_map = getattr(model, "hf_device_map", None)
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+    if quantized and device_map:
+        devices = set(device_map.values())
+        if len(devices) > 1 and distributed_type != DistributedType.NO:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on multiple devices in any "
+                "distributed mode. In order to use 8-bit or 4-bit models that have been loaded across multiple devices "
+                "the solution is to use Naive Pipeline Parallelism. Therefore you should not specify that you are "
+                "under any distributed regime in your accel config."
+            )
+        if len(devices) == 1:
+            only = next(iter(devices))
+            if isinstance(only, int):
+                only = torch.device(device.type, only)
+            elif isinstance(only, str) and only not in ("cpu", "disk"):
+                only = torch.device(only)
+            if isinstance(only, torch.device) and (
+                only.type != device.type or (only.index or 0) != (device.index or 0)
+            ):
+                raise ValueError(
+                    "You can't train a model that has been loaded in 8-bit or 4-bit precision on a different device than "
+                    f"the one you're training on ({device}). Make sure you loaded the model on the correct device using "
+                    "for example `device_map={'': accelerator.device}`."
+                )
+        if "cpu" in devices or "disk" in devices:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload. "
+                "Load it entirely on the accelerator, or train it unquantized."
+            )
+        return False
+    if verify_device_map(model):
+        if distributed_type != DistributedType.NO:
+            raise ValueError(
+                "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode. "
+                "Please rerun your script specifying `--num-processes 1` or by launching with `python {myscript.py}`."
+            )
+        return False
+    return device_placement
 
 
-def is_prepared(obj: Any) -> bool:
-    """Whether `prepare` returned `obj` already (it is then handed back unchanged)."""
-    return bool(getattr(obj, "_is_accel_prepared", False))
+def verify_device_map(model: torch.nn.Module) -> bool:
+    return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())
 
 
 # ---- the steps one model takes ----------------------------------------------------------------
@@ -98,8 +163,6 @@ def model_walk(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
 
 
 def _legacy(adapter: Adapter) -> bool:
-    from ..adapter.legacy import runs_own_prepare
-
     return runs_own_prepare(type(adapter))
 
 
@@ -155,7 +218,7 @@ class PrepareWalk:
         default = self._placement_default()
         run.adapter.before_prepare(list(objects), dataclasses.replace(run, device_placement=default))
         result = list(objects)
-        kinds = [_kind(o) for o in fresh]
+        kinds = [kind_of(o) for o in fresh]
         for i, obj in enumerate(fresh):
             if kinds[i] == "loader":
                 result[i] = prepare_loader(obj, placements[i])
@@ -164,7 +227,7 @@ class PrepareWalk:
                 model = fresh[index.model]
                 # Every optimizer of the call holding one of its parameters, for adapters that optimize the two
                 # together (and refuse an optimizer shared by two models).
-                paired = tuple(o for o in fresh if _holds_parameters_of(o, model))
+                paired = tuple(o for o in fresh if holds_parameters_of(o, model))
                 result[index.model] = self._convert(model, placements[index.model], paired)
         for i, obj in enumerate(fresh):
             if kinds[i] == "optimizer":
@@ -187,7 +250,7 @@ class PrepareWalk:
         # construction, whatever the adapter's preparing then made of the two (a vendor may keep the
         # optimizer's tensors as masters and give the model new ones).
         paired_positions = {i for index in groups if index.model is not None for i in index.optimizers}
-        _warn_detached_optimizers(
+        warn_detached_optimizers(
             [
                 res.optimizer
                 for i, (obj, res) in enumerate(zip(objects, result))
@@ -266,7 +329,7 @@ class PrepareWalk:
         if _legacy(ctx.adapter):
             # A contract-1/2 adapter runs its own prepare_model (placement to compilation, the strategy's
             # wrap_model included); the walk then hands the group to the strategy's `setup` only.
-            _warn_legacy(ctx.adapter)
+            warn_legacy(ctx.adapter)
             converted = ctx.adapter.prepare_model(model, ctx)
             if not evaluation_mode:
                 self._wrapped_by_adapter.add(converted)
@@ -393,65 +456,3 @@ def _before_step(strategy: Any) -> Callable[[torch.optim.Optimizer], None] | Non
 
     overridden = type(strategy).before_optimizer_step is not Strategy.before_optimizer_step
     return strategy.before_optimizer_step if overridden else None  # type: ignore[no-any-return]
-
-
-def _holds_parameters_of(obj: Any, model: torch.nn.Module) -> bool:
-    """Whether `obj` is an optimizer holding a parameter of `model`."""
-    if not isinstance(obj, torch.optim.Optimizer):
-        return False
-    params = {id(p) for p in model.parameters()}
-    return any(id(p) in params for p in optimizer_params(obj))
-
-
-def _kind(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    if isinstance(obj, torch.nn.Module):
-        return "model"
-    if isinstance(obj, torch.utils.data.DataLoader):
-        return "loader"
-    if isinstance(obj, torch.optim.Optimizer):
-        return "optimizer"
-    if is_scheduler(obj):
-        return "scheduler"
-    return None
-
-
-_WARNED_LEGACY: set[type] = set()
-
-
-def _warn_legacy(adapter: Adapter) -> None:
-    cls = type(adapter)
-    if cls in _WARNED_LEGACY:
-        return
-    _WARNED_LEGACY.add(cls)
-    from ..adapter.legacy import legacy_hooks
-
-    warnings.warn(
-        f"The {adapter.name!r} adapter ({cls.__module__}.{cls.__qualname__}, contract version {adapter.api_version}) "
-        f"defines {', '.join(legacy_hooks(cls))}, which version 3 of the adapter contract no longer calls: the "
-        "core drives the prepare walk. It runs as before for this minor release; docs/adapters.md ('Versions of "
-        "the contract') says what to change.",
-        DeprecationWarning,
-        stacklevel=5,
-    )
-
-
-def _warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
-    """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
-    if not prepared_models:
-        return
-    owned = {id(p) for model in prepared_models for p in model.parameters()}
-    for obj in optimizers:
-        if not isinstance(obj, torch.optim.Optimizer):
-            continue
-        params = optimizer_params(obj)
-        if params and not any(id(p) in owned for p in params):
-            warnings.warn(
-                f"The {type(obj).__name__} optimizer passed to `prepare` holds {len(params)} parameter tensor(s), none "
-                "of which belongs to a model prepared by this Accelerator, so stepping it trains none of them. Build "
-                "the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
-                "and pass both to the same `prepare` call, or build it from the prepared model's parameters.",
-                UserWarning,
-                stacklevel=4,
-            )
