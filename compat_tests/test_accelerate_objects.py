@@ -12,16 +12,8 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    from accel.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+# accel.testing's pytest plugin: every test builds its Accelerator from a fresh state.
+pytestmark = pytest.mark.usefixtures("fresh_state")
 
 
 def test_a_ddp_handler_is_converted_with_its_settings() -> None:

@@ -292,6 +292,48 @@ def test_synchronize_rng_states_copies_rank_0s_generators(write_script) -> None:
     assert proc.stdout.count("synchronized") == 2, proc.stdout
 
 
+# One reduce and one pad (accel.distributed.ops) behind both entry points: only the default differs.
+COLLECTIVES = """
+import warnings
+import torch
+from accel import Accelerator
+from accel.distributed import ops
+from accel.utils import CannotPadNestedTensorWarning, pad_across_processes, reduce
+
+acc = Accelerator()
+rank = acc.process_index
+t = torch.tensor([rank + 1.0, -(rank + 1.0)])
+assert acc.reduce(t).tolist() == [3.0, -3.0], "Accelerator.reduce defaults to sum"
+assert ops.reduce(t).tolist() == [3.0, -3.0]
+assert reduce(t).tolist() == [1.5, -1.5], "accel.utils.reduce defaults to mean, as Accelerate's"
+assert reduce(t, "max").tolist() == [2.0, -1.0] and acc.reduce(t, "min").tolist() == [1.0, -2.0]
+assert acc.reduce(t, "mean", 2.0).tolist() == [3.0, -3.0] and reduce(t, "none").tolist() == t.tolist()
+assert reduce({"a": [torch.tensor([rank + 1])]}, "max", 0.5)["a"][0].tolist() == [1.0]
+assert t.tolist() == [rank + 1.0, -(rank + 1.0)], "the input is not modified"
+for f in (acc.reduce, reduce, ops.reduce):
+    try:
+        f(t, "avg")
+    except ValueError as exc:
+        assert str(exc) == "reduction must be 'mean', 'sum', 'max', 'min' or 'none', got 'avg'.", exc
+    else:
+        raise AssertionError("no ValueError")
+for f in (acc.pad_across_processes, pad_across_processes):
+    assert f(torch.ones(1 + rank), pad_index=-1).tolist() == ([1.0, -1.0] if rank == 0 else [1.0, 1.0])
+    assert f(torch.ones(2, 1 + rank), dim=1, pad_first=True).tolist() == [[0.0, 1.0] if rank == 0 else [1.0, 1.0]] * 2
+    nested = torch.nested.nested_tensor([torch.ones(1 + rank)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert f(nested) is nested
+    assert [w.category for w in caught if w.category is CannotPadNestedTensorWarning], caught
+print("collectives", rank)
+"""
+
+
+def test_reduce_and_pad_share_one_implementation_with_their_own_defaults(write_script) -> None:
+    proc = launch(write_script(COLLECTIVES))
+    assert proc.stdout.count("collectives") == 2, proc.stdout
+
+
 # ---- issue 16: Accelerate 1.15's parameters on the utils ------------------------------------
 def test_send_to_device_takes_non_blocking_positionally_and_skips_keys() -> None:
     batch = {"x": torch.ones(2), "ids": torch.arange(3), "nest": [{"ids": torch.zeros(1), "y": torch.ones(1)}]}

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 from accel.precision import fp8_emulation
-from accel.state import AcceleratorState, GradientState
 from accel_cuda import cuda_emulated
 
 EMULATED = ("--adapter", "cuda", "--emulate")
@@ -22,9 +21,7 @@ requires_gpu = pytest.mark.skipif(
 )
 
 
-def _reset() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+def _reset_emulation() -> None:
     cuda_emulated.calls.clear()
     cuda_emulated.current_device.clear()
     cuda_emulated.group_started_at_set_device.clear()
@@ -36,13 +33,14 @@ def _reset() -> None:
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test builds its own Accelerator; adapter options come only from what the test sets."""
+def fresh_state(fresh_state: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test builds its own Accelerator (the plugin's `fresh_state`) on fresh emulated-GPU records;
+    adapter options come only from what the test sets."""
     for var in [v for v in os.environ if v.startswith("ACCEL_") or v == "CUDA_VISIBLE_DEVICES"]:
         monkeypatch.delenv(var)
-    _reset()
+    _reset_emulation()
     yield
-    _reset()
+    _reset_emulation()
 
 
 @pytest.fixture(scope="session")

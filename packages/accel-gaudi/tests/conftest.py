@@ -8,27 +8,25 @@ from collections.abc import Iterator
 
 import pytest
 from accel.precision import fp8_emulation
-from accel.state import AcceleratorState, GradientState
 from accel_gaudi import hpu_emulated
 
 EMULATED = ("--adapter", "gaudi", "--emulate")
 
 
-def _reset() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+def _reset_emulation() -> None:
     hpu_emulated.calls.clear()
     fp8_emulation._active.clear()
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test builds its own Accelerator; Gaudi options come only from what the test sets."""
+def fresh_state(fresh_state: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test builds its own Accelerator (the plugin's `fresh_state`) on fresh emulated-device counters;
+    Gaudi options come only from what the test sets."""
     for var in [v for v in os.environ if v.startswith("ACCEL_") or v == "PT_HPU_LAZY_MODE"]:
         monkeypatch.delenv(var)
-    _reset()
+    _reset_emulation()
     yield
-    _reset()
+    _reset_emulation()
 
 
 @pytest.fixture(scope="session")

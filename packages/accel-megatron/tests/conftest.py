@@ -5,28 +5,20 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from accel.state import AcceleratorState, GradientState
 from accel.testing.launching import run_launch as _run_launch
 
 WORKERS = Path(__file__).parent / "workers"
 
 
-def _reset() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def fresh_state(fresh_state: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test builds its own Accelerator (the plugin's `fresh_state`); options come only from what the
+    test sets."""
     for var in [v for v in os.environ if v.startswith("ACCEL_")]:
         monkeypatch.delenv(var)
-    _reset()
-    yield
-    _reset()
 
 
 # Megatron's workers build models of their own and take longer than the plugin's default.

@@ -7,10 +7,9 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from accel.state import AcceleratorState, GradientState
 from accel.testing.launching import run_launch
 
 # torch_xla reads it when its runtime starts (first device use), once per process.
@@ -29,20 +28,13 @@ else:
 EMULATED = ("--adapter", "xla", "--emulate")
 
 
-def _reset() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test builds its own Accelerator on the xla adapter, unemulated unless it says so."""
+def fresh_state(fresh_state: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test builds its own Accelerator (the plugin's `fresh_state`) on the xla adapter, unemulated unless
+    it says so."""
     for var in [v for v in os.environ if v.startswith("ACCEL_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("ACCEL_ADAPTER", "xla")
-    _reset()
-    yield
-    _reset()
 
 
 @pytest.fixture(scope="session")

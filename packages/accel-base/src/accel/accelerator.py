@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader
 from .adapter.base import Adapter
 from .adapter.registry import get_strategy_class
 from .checkpoint import state as ckpt
-from .compat import operations
 from .compat.accelerator import AcceleratorCompatMixin
 from .compat.env import launch_defaults
 from .compat.objects import convert, convert_accelerator_arguments
@@ -701,13 +700,13 @@ class Accelerator(AcceleratorCompatMixin):
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce tensors ("sum", "mean", "max", "min" or "none"), times `scale`, over the data-parallel
         processes (every process unless the strategy splits models over several)."""
-        return operations.reduce(tensor, reduction, scale, group=self.strategy.data_parallel_group())
+        return ops.reduce(tensor, reduction, scale, group=self.strategy.data_parallel_group())
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return ops.broadcast(tensor, from_process=from_process)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """Pad tensors along `dim` to the largest size across processes."""
+        """Pad tensors along `dim` to the largest size across processes (a nested tensor: as is, with a warning)."""
         return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def set_trigger(self) -> None:

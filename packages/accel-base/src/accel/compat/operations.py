@@ -1,30 +1,24 @@
 """The rest of Accelerate's `utils.operations`: nested-structure helpers and collectives.
 
 The collectives themselves live in `accel.distributed.ops`; this module adds the names scripts import
-from `accelerate.utils` on top of them (all re-exported by `accel.utils`). `reduce` here has
-Accelerate's module-level defaults (`reduction="mean"`, and `"max"`/`"min"`).
+from `accelerate.utils` on top of them (all re-exported by `accel.utils`). `reduce` here is the engine's
+with Accelerate's module-level default, `reduction="mean"` (`Accelerator.reduce` keeps "sum").
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..distributed import ops
-from ..distributed.ops import is_namedtuple, recursively_apply
+from ..distributed.ops import CannotPadNestedTensorWarning, is_namedtuple, pad_across_processes, recursively_apply
 from ..errors import CollectiveMismatchError
 
 DistributedOperationException = CollectiveMismatchError
 """Accelerate's name for the error a collective raises in debug mode when ranks disagree."""
-
-
-class CannotPadNestedTensorWarning(UserWarning):
-    """`pad_across_processes` met a nested tensor, which it leaves as is."""
 
 
 @dataclass
@@ -112,30 +106,8 @@ def convert_to_fp32(tensor: Any) -> Any:
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: Any = None) -> Any:
-    """All-reduce each tensor across processes: "mean" (default), "sum", "max", "min" or "none".
-
-    Returns new tensors (times `scale`); the inputs are not modified. `group`: reduce over
-    this process group only (default: every process).
-
-    Raises:
-        ValueError: another reduction.
-    """
-    if reduction in ("sum", "mean", "none"):
-        return ops.reduce(tensor, reduction, scale, group=group)
-    if reduction not in ("max", "min"):
-        raise ValueError(f"reduction must be 'mean', 'sum', 'max', 'min' or 'none', got {reduction!r}.")
-    op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.MIN
-    # Checked like the other collectives in debug mode (shapes must agree): "none" runs only that check.
-    ops.reduce(tensor, "none", group=group)
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-    def _reduce(t: torch.Tensor) -> torch.Tensor:
-        out = t.clone()
-        if distributed:
-            dist.all_reduce(out, op=op, group=group)
-        return out * scale if scale != 1.0 else out
-
-    return recursively_apply(_reduce, tensor)
+    """`accel.distributed.ops.reduce` with Accelerate's default reduction, "mean"."""
+    return ops.reduce(tensor, reduction, scale, group=group)
 
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,18 +136,6 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
         return torch.cat([t, *([last] * extra)], dim=dim)
 
     return recursively_apply(_pad, tensor)
-
-
-def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """`accel.distributed.ops.pad_across_processes`, leaving nested tensors as they are (with a warning)."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_nested:
-        warnings.warn(
-            "pad_across_processes cannot pad a nested tensor; it is returned unchanged.",
-            CannotPadNestedTensorWarning,
-            stacklevel=2,
-        )
-        return tensor
-    return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
 
 __all__ = [

@@ -10,6 +10,7 @@ dtype and call site, instead of hanging or returning wrong numbers.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ from .tree import concatenate, find_batch_size, is_namedtuple, recursively_apply
 from .tree import tensors_in as _tensors
 
 __all__ = [
+    "REDUCTIONS",
+    "CannotPadNestedTensorWarning",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
@@ -145,33 +148,54 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
-def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0, group: Any = None) -> Any:
-    """All-reduce each tensor: "sum", "mean" or "none"; the result is multiplied by `scale`.
+REDUCTIONS = ("mean", "sum", "max", "min", "none")
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
-    `group`: reduce over this process group only (default: every process).
-    Returns new tensors; the inputs are not modified.
+
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0, group: Any = None) -> Any:
+    """All-reduce each tensor: "sum" (default), "mean", "max", "min" or "none"; the result is multiplied by `scale`.
+
+    `group`: reduce over this process group only (default: every process). "none" reduces nothing but is
+    still checked across ranks in debug mode. Returns new tensors; the inputs are not modified.
+    `accel.utils.reduce` is this with Accelerate's default, "mean".
+
+    Raises:
+        ValueError: a reduction not in `REDUCTIONS`.
     """
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}.")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be 'mean', 'sum', 'max', 'min' or 'none', got {reduction!r}.")
     distributed, world = _world(group)
     if distributed and _debug():
         verify_operation("reduce", tensor, group)
+    op = _REDUCE_OPS.get(reduction)
 
     def _reduce(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
-        if distributed and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        if distributed and op is not None:
+            dist.all_reduce(out, op=op, group=group)
         if reduction == "mean" and distributed:
             out /= world
-        if scale != 1.0:
-            out *= scale
-        return out
+        # Out of place: an integer tensor scaled by a float comes back as a float tensor.
+        return out * scale if scale != 1.0 else out
 
     return recursively_apply(_reduce, tensor)
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """`pad_across_processes` met a nested tensor, which it leaves as is."""
+
+
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """Pad each tensor along `dim` to the largest size any process has, with `pad_index`."""
+    """Pad each tensor along `dim` to the largest size any process has, with `pad_index` (at the end, or at
+    the start with `pad_first`). A tensor with fewer than `dim` dimensions is returned as is; so is a nested
+    tensor, with a `CannotPadNestedTensorWarning`."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_nested:
+        warnings.warn(
+            "pad_across_processes cannot pad a nested tensor; it is returned unchanged.",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
+        return tensor
     distributed, world = _world()
     if not distributed:
         return tensor

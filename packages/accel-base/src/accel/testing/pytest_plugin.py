@@ -5,6 +5,9 @@
 - `write_script(code, name="worker.py")`: write dedented code into the test's tmp dir.
 - `accel_launch_args` / `accel_launch_timeout`: what `launch` uses by default; a package's
   conftest overrides them once, e.g. `("--adapter", "mydevice", "--emulate")`.
+- `fresh_state`: forget the accel state before and after a test. Not autouse: a package that wants it
+  around every test overrides it in its conftest with an autouse fixture of the same name that requests
+  it (and resets its own records there).
 
 A fixture of the same name in a conftest wins over these, as pytest's rules say.
 """
@@ -14,12 +17,34 @@ from __future__ import annotations
 import functools
 import subprocess
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from ..distributed.state import AcceleratorState, GradientState
 from .launching import run_launch
+
+
+def _reset_state() -> None:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def fresh_state() -> Iterator[None]:
+    """Forget `PartialState`, `AcceleratorState` and `GradientState` before the test and after it, so the
+    test's own `Accelerator(...)` decides every option and leaves nothing to the next test.
+
+    The process group, if one was started, is not destroyed. To have it around every test of a package:
+
+        @pytest.fixture(autouse=True)
+        def fresh_state(fresh_state: None) -> None:
+            pass
+    """
+    _reset_state()
+    yield
+    _reset_state()
 
 
 @pytest.fixture(scope="session")

@@ -31,51 +31,74 @@ def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _library(module: str, extra: str, tracker: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f'The {tracker} tracker needs the `{module}` package: pip install "accel-base[{extra}]"'
-        ) from exc
-
-
 def _scalars(values: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}
 
 
-class WandBTracker(GeneralTracker):
+class LibraryTracker(GeneralTracker):
+    """The shape Accelerate's third-party trackers share: a library whose module is the tracker's `name`,
+    imported by `start`, and one run object of that library that `tracker` returns.
+
+    `start` stores what `_open(library)` returns (by default `library.init(project=run_name, **kwargs)`) in
+    the attribute named by `handle` (Accelerate's name for it: `run`, `writer`, `task`...); `log` sends the
+    values as plain numbers to the run's `log`, and `finish` calls the run's `finish_method`. A subclass sets
+    `name`, `requires_logging_directory` and `store_init_configuration`, and overrides the rest only where
+    its library differs.
+
+    Args:
+        run_name: the project name given to `init_trackers`.
+        **kwargs: the tracker's `init_kwargs`, passed to the library when the run opens.
+
+    Raises:
+        ImportError (from `start`): the library is not installed; the message names the extra to install.
+    """
+
+    name: ClassVar[str]  # set by each subclass: also the module `start` imports and the extra that installs it
+    handle: ClassVar[str] = "run"
+    finish_method: ClassVar[str] = "finish"
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        setattr(self, self.handle, None)
+
+    def start(self) -> None:
+        try:
+            library = importlib.import_module(self.name)
+        except ImportError as exc:
+            raise ImportError(
+                f'The {self.name} tracker needs the `{self.name}` package: pip install "accel-base[{self.name}]"'
+            ) from exc
+        setattr(self, self.handle, self._open(library))
+
+    def _open(self, library: Any) -> Any:
+        """Open the library's run (`start`, main process only) and return it: `library.init(project=run_name)`."""
+        return library.init(project=self.run_name, **self.init_kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        return getattr(self, self.handle)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.tracker.log(_scalars(values), step=step, **kwargs)
+
+    def finish(self) -> None:
+        getattr(self.tracker, self.finish_method)()
+
+
+class WandBTracker(LibraryTracker):
     """Weights & Biases: `wandb.init(project=run_name, **kwargs)` at `start` (offline with `WANDB_MODE=offline`)."""
 
     name: ClassVar[str] = "wandb"
     requires_logging_directory: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-
-    def start(self) -> None:
-        wandb = _library("wandb", "wandb", "wandb")
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
-
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.config.update(values, allow_val_change=True)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(_scalars(values), step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
+        self.tracker.config.update(values, allow_val_change=True)
 
 
-class MLflowTracker(GeneralTracker):
+class MLflowTracker(LibraryTracker):
     """MLflow: a run of the experiment `experiment_name` (the project name given to `init_trackers`).
 
     As Accelerate's: `MLFLOW_EXPERIMENT_NAME`, `MLFLOW_RUN_ID`, `MLFLOW_TAGS` (JSON) and
@@ -85,6 +108,7 @@ class MLflowTracker(GeneralTracker):
 
     name: ClassVar[str] = "mlflow"
     requires_logging_directory: ClassVar[bool] = False
+    handle: ClassVar[str] = "active_run"
 
     def __init__(
         self,
@@ -96,7 +120,7 @@ class MLflowTracker(GeneralTracker):
         run_name: str | None = None,
         description: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(run_name)  # type: ignore[arg-type]  # MLflow's run may be unnamed
         tags = os.environ.get("MLFLOW_TAGS", tags)
         if isinstance(tags, str):
             tags = json.loads(tags)
@@ -108,19 +132,18 @@ class MLflowTracker(GeneralTracker):
         self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
         self.tags = tags
         self.nested_run = bool(nested)
-        self.run_name = run_name
         self.description = description
-        self.active_run: Any = None
 
-    def start(self) -> None:
-        mlflow = _library("mlflow", "mlflow", "mlflow")
-        found = mlflow.get_experiment_by_name(self.experiment_name) if self.experiment_name else None
+    def _open(self, library: Any) -> Any:
+        found = library.get_experiment_by_name(self.experiment_name) if self.experiment_name else None
         experiment_id = (
             found.experiment_id
             if found is not None
-            else mlflow.create_experiment(name=self.experiment_name, artifact_location=self.logging_dir, tags=self.tags)
+            else library.create_experiment(
+                name=self.experiment_name, artifact_location=self.logging_dir, tags=self.tags
+            )
         )
-        self.active_run = mlflow.start_run(
+        run = library.start_run(
             run_id=self.run_id,
             experiment_id=experiment_id,
             run_name=self.run_name,
@@ -128,11 +151,9 @@ class MLflowTracker(GeneralTracker):
             tags=self.tags,
             description=self.description,
         )
-        self._mlflow = mlflow
-
-    @property
-    def tracker(self) -> Any:
-        return self.active_run
+        # MLflow logs through the module (its active run), not through the run object.
+        self._mlflow = library
+        return run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # MLflow caps parameter values at 500 characters.
@@ -146,70 +167,50 @@ class MLflowTracker(GeneralTracker):
         self._mlflow.end_run()
 
 
-class CometMLTracker(GeneralTracker):
+class CometMLTracker(LibraryTracker):
     """Comet: `comet_ml.start(project_name=run_name, **kwargs)` at `start` (offline with `online=False`)."""
 
     name: ClassVar[str] = "comet_ml"
     requires_logging_directory: ClassVar[bool] = False
+    handle: ClassVar[str] = "writer"
+    finish_method: ClassVar[str] = "end"
 
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.writer: Any = None
-
-    def start(self) -> None:
-        comet_ml = _library("comet_ml", "comet_ml", "comet_ml")
-        self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        return self.writer
+    def _open(self, library: Any) -> Any:
+        return library.start(project_name=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.writer.log_parameters(values)
+        self.tracker.log_parameters(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.writer.log_metrics(_scalars(values), step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.writer.end()
+        self.tracker.log_metrics(_scalars(values), step=step, **kwargs)
 
 
-class AimTracker(GeneralTracker):
+class AimTracker(LibraryTracker):
     """Aim: a run in the local repository `logging_dir` (default "."), named `run_name`."""
 
     name: ClassVar[str] = "aim"
     requires_logging_directory: ClassVar[bool] = True
+    handle: ClassVar[str] = "writer"
+    finish_method: ClassVar[str] = "close"
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
+        super().__init__(run_name, **kwargs)
         self.aim_repo_path = logging_dir
-        self.init_kwargs = kwargs
-        self.writer: Any = None
 
-    def start(self) -> None:
-        aim = _library("aim", "aim", "aim")
-        self.writer = aim.Run(repo=str(self.aim_repo_path or "."), **self.init_kwargs)
-        self.writer.name = self.run_name
-
-    @property
-    def tracker(self) -> Any:
-        return self.writer
+    def _open(self, library: Any) -> Any:
+        run = library.Run(repo=str(self.aim_repo_path or "."), **self.init_kwargs)
+        run.name = self.run_name
+        return run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.writer["hparams"] = values
+        self.tracker["hparams"] = values
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         for key, value in _scalars(values).items():
-            self.writer.track(value, name=key, step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.writer.close()
+            self.tracker.track(value, name=key, step=step, **kwargs)
 
 
-class ClearMLTracker(GeneralTracker):
+class ClearMLTracker(LibraryTracker):
     """ClearML: the current task, else `Task.init(project_name=run_name, task_name=run_name, **kwargs)`.
 
     `CLEARML_PROJECT` and `CLEARML_TASK` name them when `init_kwargs` does not;
@@ -218,134 +219,83 @@ class ClearMLTracker(GeneralTracker):
 
     name: ClassVar[str] = "clearml"
     requires_logging_directory: ClassVar[bool] = False
+    handle: ClassVar[str] = "task"
+    finish_method: ClassVar[str] = "close"
 
     def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__(run_name, **kwargs)  # type: ignore[arg-type]  # names come from the environment then
         self.user_provided_run_name = run_name
-        self.init_kwargs = kwargs
-        self.task: Any = None
 
-    def start(self) -> None:
-        clearml = _library("clearml", "clearml", "clearml")
-        current = clearml.Task.current_task()
+    def _open(self, library: Any) -> Any:
+        current = library.Task.current_task()
         if current:
-            self.task = current
-            return
+            return current
         arguments = dict(self.init_kwargs)
         arguments.setdefault("project_name", os.environ.get("CLEARML_PROJECT", self.user_provided_run_name))
         arguments.setdefault("task_name", os.environ.get("CLEARML_TASK", self.user_provided_run_name))
-        self.task = clearml.Task.init(**arguments)
-
-    @property
-    def tracker(self) -> Any:
-        return self.task
+        return library.Task.init(**arguments)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.task.connect_configuration(values)
+        self.tracker.connect_configuration(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        reporter = self.task.get_logger()
+        reporter = self.tracker.get_logger()
         for key, value in _scalars(values).items():
             title, _, series = key.rpartition("/")
             reporter.report_scalar(title=title or key, series=series, value=value, iteration=step or 0, **kwargs)
 
-    def finish(self) -> None:
-        self.task.close()
 
-
-class DVCLiveTracker(GeneralTracker):
+class DVCLiveTracker(LibraryTracker):
     """DVCLive: `dvclive.Live(**kwargs)` at `start` (metrics under its `dir`, default "dvclive"), or the `live` given."""
 
     name: ClassVar[str] = "dvclive"
     requires_logging_directory: ClassVar[bool] = False
+    handle: ClassVar[str] = "live"
+    finish_method: ClassVar[str] = "end"
 
     def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__(run_name, **kwargs)  # type: ignore[arg-type]  # DVCLive names nothing after it
         self.live = live
-        self.init_kwargs = kwargs
 
-    def start(self) -> None:
-        dvclive = _library("dvclive", "dvclive", "dvclive")
-        self.live = self.live if self.live is not None else dvclive.Live(**self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        return self.live
+    def _open(self, library: Any) -> Any:
+        return self.live if self.live is not None else library.Live(**self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.live.log_params(values)
+        self.tracker.log_params(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         if step is not None:
-            self.live.step = step
+            self.tracker.step = step
         for key, value in _scalars(values).items():
-            self.live.log_metric(key, value, **kwargs)
-        self.live.next_step()
-
-    def finish(self) -> None:
-        self.live.end()
+            self.tracker.log_metric(key, value, **kwargs)
+        self.tracker.next_step()
 
 
-class TrackioTracker(GeneralTracker):
+class TrackioTracker(LibraryTracker):
     """Trackio: `trackio.init(project=run_name, **kwargs)` at `start` (a local database)."""
 
     name: ClassVar[str] = "trackio"
     requires_logging_directory: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-
-    def start(self) -> None:
-        self._trackio = _library("trackio", "trackio", "trackio")
-        self.run = self._trackio.init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
-
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.config.update(values)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(_scalars(values), step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
+        self.tracker.config.update(values)
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(LibraryTracker):
     """SwanLab: `swanlab.init(project=run_name, **kwargs)` at `start` (`mode="offline"` or "local" stays on disk)."""
 
     name: ClassVar[str] = "swanlab"
     requires_logging_directory: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = False
 
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-
-    def start(self) -> None:
-        self._swanlab = _library("swanlab", "swanlab", "swanlab")
-        self.run = self._swanlab.init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
+    def _open(self, library: Any) -> Any:
+        # The run's configuration is the module's (`swanlab.config`), not an attribute of the run.
+        self._swanlab = library
+        return super()._open(library)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._swanlab.config.update(values)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(_scalars(values), step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
 
 
 LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
