@@ -59,12 +59,20 @@ def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = accelerator.get_tracker("wandb", unwrap=True)
     assert run.config["lr"] == 0.1
     accelerator.end_training()
-    # The run's record file is written by wandb's service process shortly after `finish`.
-    deadline = time.monotonic() + 30
-    while not (records := list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) and time.monotonic() < deadline:
-        time.sleep(0.5)
+
+    # The run's record file is written by wandb's service process after `finish` returns, and filled in
+    # as it flushes: wait for the content, not only for the file (the file alone raced the flush).
     # History items carry their values as JSON text: the last step's loss is in the record.
-    assert records and _files_mention(records[0].parent, b"loss") and _files_mention(records[0].parent, b"0.25")
+    def written() -> bool:
+        records = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+        return (
+            bool(records) and _files_mention(records[0].parent, b"loss") and _files_mention(records[0].parent, b"0.25")
+        )
+
+    deadline = time.monotonic() + 120
+    while not written() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert written(), sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
 
 
 def test_mlflow_local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
