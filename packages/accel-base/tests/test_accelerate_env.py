@@ -135,7 +135,8 @@ def test_script_under_accelerate_variables_trains_as_asked(tmp_path: Path) -> No
 @pytest.fixture
 def megatron_plugin(monkeypatch: pytest.MonkeyPatch):
     """accel-megatron's real `MegatronPlugin` (its plugin module needs nothing but accel), imported from the
-    repository when the package is not installed in this environment."""
+    repository when the package is not installed in this environment, and then registered as the config class
+    of a stand-in "megatron" strategy: the core reaches it only through the strategy registry."""
     try:
         from accel_megatron.plugin import MegatronPlugin
     except ImportError:
@@ -151,6 +152,14 @@ def megatron_plugin(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setitem(sys.modules, "accel_megatron.plugin", module)
         spec.loader.exec_module(module)
         MegatronPlugin = module.MegatronPlugin
+        from accel.adapter import registry
+
+        records = dict(registry.strategy_records())
+        stand_in = type("MegatronStrategy", (), {"config_class": MegatronPlugin})
+        records["megatron"] = registry.PluginRecord(
+            name="megatron", value="accel_megatron:MegatronStrategy", distribution="accel-megatron", loaded=stand_in
+        )
+        monkeypatch.setattr(registry, "strategy_records", lambda: records)
     return MegatronPlugin
 
 

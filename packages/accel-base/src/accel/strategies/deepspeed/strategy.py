@@ -156,7 +156,7 @@ class DeepSpeedStrategy(Strategy):
         """Whether the plugins were given by name (`deepspeed_plugins={name: plugin}`)."""
         self._active = next(iter(plugins))
         for plugin in plugins.values():
-            plugin._unselect()
+            plugin.unselect()
         plugins[self._active].select(_from_accelerator_state=True)
         self.engines: list[EngineRecord] = []
         """Every engine built, in the order their models were prepared."""
@@ -206,7 +206,7 @@ class DeepSpeedStrategy(Strategy):
         """
         chosen = self.get_plugin(name)
         for plugin in self.plugins.values():
-            plugin._unselect()
+            plugin.unselect()
         chosen.select(_from_accelerator_state=True)
         self._active = next(k for k, v in self.plugins.items() if v is chosen)
 
