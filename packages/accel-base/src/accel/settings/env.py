@@ -35,6 +35,8 @@ PARALLELISM_KEYS = (
     "sp_backend",
 )
 """The `ParallelismConfig` fields a launcher may default (`ACCEL_PARALLELISM_TP_SIZE`, ...)."""
+BROKEN_ADAPTERS_VARIABLE = "ACCEL_BROKEN_ADAPTERS_REPORTED"
+"""Set by a process that reported broken adapter plugins (`<pid>:<name>,<name>`) for the workers it starts."""
 LOG_LEVEL_VARIABLES = ("ACCEL_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
 """Where `get_logger` finds its default level, first set wins (Accelerate's name too, as its loggers read it)."""
 ACCUMULATION_VARIABLE = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
@@ -91,6 +93,10 @@ class EnvSettings:
     """`XDG_CACHE_HOME`: where the default config file lives (`<it>/accel/default_config.yaml`; else ~/.cache)."""
     log_level: str | None = None
     """The default level of `get_logger` loggers (`LOG_LEVEL_VARIABLES`, first set wins)."""
+    broken_adapters_reported: str = ""
+    """`ACCEL_BROKEN_ADAPTERS_REPORTED`: which broken adapter plugins the launcher (`<pid>:`) already reported."""
+    launched_worker: bool = False
+    """`LOCAL_RANK` is set: a launcher started this process."""
     launch: LaunchInfo = field(default_factory=LaunchInfo)
     """Where this process stands in the job, as its launcher described it."""
     variables: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -179,6 +185,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> EnvSettings:
         config_file=_text(env, "ACCEL_CONFIG_FILE"),
         cache_home=_text(env, "XDG_CACHE_HOME"),
         log_level=next((env[v] for v in LOG_LEVEL_VARIABLES if env.get(v)), None),
+        broken_adapters_reported=env.get(BROKEN_ADAPTERS_VARIABLE, ""),
+        launched_worker="LOCAL_RANK" in env,
         launch=parse_launch(env),
         variables=MappingProxyType(env),
     )

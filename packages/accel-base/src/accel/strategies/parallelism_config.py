@@ -395,18 +395,19 @@ def with_parallelism(pc: Any, strategy: str | None, strategy_config: Any) -> tup
 
 def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) -> None:
     """Give the run's strategy its mesh once the processes are known (called by the Accelerator right after it
-        builds the strategy, so `accelerator.torch_device_mesh` exists from construction on, as in Accelerate).
+    builds the strategy, so `accelerator.torch_device_mesh` exists from construction on, as in Accelerate).
 
-        `state` is the run's state (`num_processes`, `use_distributed`, `device`, `adapter`): this module reads
-        nothing global. A strategy with a `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting
-        `pc` if it has none. Any other strategy (DDP, ...) takes a replicate-only `pc` as it is, in its public
-    `parallelism` and `device_mesh` attributes: with every size 1
-        on several processes `dp_replicate_size` becomes the number of processes (Accelerate's
-        `_validate_accelerator`), else the sizes must multiply to it; its mesh has the `dp_replicate` dimension
-        (with the flattened `dp` and `dp_cp`) on the adapter's device type, None on one process.
+    `state` is the run's state (`num_processes`, `use_distributed`, `device`, `backend`, `mixed_precision`,
+    `adapter`): this module reads nothing global. A strategy with a `learn_run` hook gets these facts first (the
+    DeepSpeed strategy, which transformers may ask for its ZeRO-3 config before `prepare`). A strategy with a
+    `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting `pc` if it has none. Any other
+    strategy (DDP, ...) takes a replicate-only `pc` as it is, in its public `parallelism` and `device_mesh`
+    attributes: with every size 1 on several processes `dp_replicate_size` becomes the number of processes
+    (Accelerate's `_validate_accelerator`), else the sizes must multiply to it; its mesh has the `dp_replicate`
+    dimension (with the flattened `dp` and `dp_cp`) on the adapter's device type, None on one process.
 
-        Raises:
-            ValueError: the sizes do not multiply to the number of processes, or the adapter lacks a dimension.
+    Raises:
+        ValueError: the sizes do not multiply to the number of processes, or the adapter lacks a dimension.
     """
     facts = MeshFacts(
         num_processes=int(state.num_processes),
@@ -414,7 +415,12 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
         device_type=state.device.type,
         capabilities=state.adapter.capabilities,
         adapter_name=state.adapter.name,
+        backend=str(state.backend),
+        mixed_precision=str(state.mixed_precision),
     )
+    learn = getattr(strategy, "learn_run", None)
+    if learn is not None:
+        learn(facts)
     build = getattr(strategy, "build_mesh", None)
     if build is not None:
         build(facts, pc)
@@ -435,3 +441,7 @@ class MeshFacts:
     device_type: str
     capabilities: Any
     adapter_name: str
+    backend: str = ""
+    """The process group's backend (the adapter's, or `InitProcessGroupKwargs(backend=)`)."""
+    mixed_precision: str = "no"
+    """The run's mixed precision mode."""
