@@ -137,6 +137,8 @@ class PartialState:
         adapter: name of the adapter to use (else `ACCEL_ADAPTER`, else auto-selection).
         emulate: run the adapter's code on the CPU with gloo (else `ACCEL_EMULATE`).
         init_kwargs: an `InitProcessGroupKwargs` (backend, timeout).
+        env: the environment as `accel.settings.env.read_env` parsed it (the `Accelerator` passes the one it
+            read); None: read now, after the edge's `before_state` hooks.
 
     Under a launcher that sets a world size above one the process group is always
     started; if it cannot be, `DistributedSetupError` says why. It never falls back to
@@ -495,14 +497,15 @@ class AcceleratorState:
     """`PartialState` plus the precision, the strategy and the compile settings.
 
     Attributes of the partial state are reachable through this one (`num_processes`,
-    `device`, ...).
+    `device`, ...). `mixed_precision` and `strategy` default to `env`'s (`ACCEL_MIXED_PRECISION`,
+    `ACCEL_STRATEGY`); `env` is read now when not given.
     """
 
     _shared_state: dict[str, Any] = {}
     _strategy: Any
-    """The Accelerator's strategy (set by it), for `deepspeed_plugin` / `fsdp_plugin`."""
+    """The Accelerator's strategy (`attach_strategy`), for `deepspeed_plugin` / `fsdp_plugin`."""
     _torch_tp_plugin: Any
-    """The deprecated `torch_tp_plugin` the Accelerator was given, for `AcceleratorState.torch_tp_plugin`."""
+    """The deprecated `torch_tp_plugin` the Accelerator was given (`attach_strategy`), for `torch_tp_plugin`."""
     _known_attrs: list[str] = [
         *PartialState._known_attrs,
         "deepspeed_plugin",

@@ -74,16 +74,20 @@ class AcceleratorSettings:
 
     @property
     def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        """The `DistributedDataParallelKwargs` given, if any."""
         return self.handlers.get(DistributedDataParallelKwargs)
 
     @property
     def scaler_handler(self) -> GradScalerKwargs | None:
+        """The `GradScalerKwargs` given, if any."""
         return self.handlers.get(GradScalerKwargs)
 
     @property
     def init_handler(self) -> InitProcessGroupKwargs | None:
+        """The `InitProcessGroupKwargs` given, if any."""
         return self.handlers.get(InitProcessGroupKwargs)
 
     @property
     def autocast_handler(self) -> AutocastKwargs | None:
+        """The `AutocastKwargs` given, if any."""
         return self.handlers.get(AutocastKwargs)
