@@ -121,7 +121,7 @@ class Accelerator(AcceleratorCompatMixin):
         even_batches: bool | None = None,
     ) -> None:
         # Every argument, translated once (Accelerate's spellings, the environment, the launcher's defaults).
-        settings = accelerator_settings(**{k: v for k, v in locals().items() if k != "self"})
+        settings = accelerator_settings(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.ddp_handler: DistributedDataParallelKwargs | None = settings.ddp_handler
         self.scaler_handler: GradScalerKwargs | None = settings.scaler_handler
         self.init_handler: InitProcessGroupKwargs | None = settings.init_handler

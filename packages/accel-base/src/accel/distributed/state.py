@@ -51,39 +51,37 @@ def _register_exit_hook() -> None:
         atexit.register(PartialState._destroy_at_exit)
 
 
-before_state: list[Callable[[], object]] = []
-"""Called, in order, before a `PartialState` reads the environment. The edge registers here what must
-run first (`accel.compat` turns `accelerate launch`'s ACCELERATE_* variables into accel's); the engine
-never imports the edge. `accel/__init__.py` registers, and every `import accel.x` runs it first."""
-
-
 def _python_missing_member(owner: str, name: str) -> AttributeError:
     return AttributeError(f"'{owner}' object has no attribute '{name}'")
 
 
-missing_member_message: list[Callable[[str, str], AttributeError]] = [_python_missing_member]
-"""The error for reading `name` from `owner` ("PartialState", "Accelerator", ...) when it lacks it: the last
-one registered answers (the edge registers `accel.compat.table.missing_member`, which says why accel lacks
-an Accelerate member); by default, Python's own message."""
-
-
-def missing_member(owner: str, name: str) -> AttributeError:
-    """The error for `owner.name` that the registered `missing_member_message` gives."""
-    return missing_member_message[-1](owner, name)
+# What the edge installs (`register_edge`): the engine never imports `accel.compat`.
+_before_state: list[Callable[[], object]] = []
+_missing_member: Callable[[str, str], AttributeError] = _python_missing_member
 
 
 def register_edge(*, before: Callable[[], object], missing: Callable[[str, str], AttributeError]) -> None:
-    """Install the edge's hooks (idempotent): `before` runs ahead of every environment read by a state,
-    `missing` answers for members accel lacks."""
-    if before not in before_state:
-        before_state.append(before)
-    if missing_member_message[-1] is not missing:
-        missing_member_message.append(missing)
+    """Install the edge's hooks (`accel/__init__.py` does, so every `import accel.x` has them in place).
+
+    `before` runs, once per registration, ahead of every environment read by a state (`accel.compat` turns
+    `accelerate launch`'s ACCELERATE_* variables into accel's there); `missing` gives the error for a member
+    accel lacks (`accel.compat.table.missing_member` says why accel lacks an Accelerate member; without it,
+    Python's own message).
+    """
+    global _missing_member
+    if before not in _before_state:
+        _before_state.append(before)
+    _missing_member = missing
+
+
+def missing_member(owner: str, name: str) -> AttributeError:
+    """The error for reading `name` from `owner` ("PartialState", "Accelerator", ...) when it lacks it."""
+    return _missing_member(owner, name)
 
 
 def _build_env() -> EnvSettings:
-    """The environment, read after the edge's `before_state` hooks ran (they may translate variables)."""
-    for hook in before_state:
+    """The environment, read after the edge's hooks ran (they may translate variables)."""
+    for hook in _before_state:
         hook()
     return read_env()
 

@@ -3,8 +3,10 @@
 `read_env()` is called when a state, an `Accelerator`, a logger or a config object is built,
 never at import: tests and launchers set variables between importing accel and building one.
 The launcher's rank variables are parsed by `accel.settings.launch` (called from here).
-Accelerate's `ACCELERATE_*` variables are not read here: `accel.compat.env` translates them into
-these before a state is built.
+Accelerate's `ACCELERATE_*` variables are translated into these by `accel.compat.env` before a state
+is built; the few Accelerate names read here directly are those accel always read as fallbacks
+(`ACCELERATE_LOG_LEVEL`, `ACCELERATE_USE_PARALLELISM_CONFIG`, `PARALLELISM_CONFIG_*`), and
+`ACCELERATE_GRADIENT_ACCUMULATION_STEPS` only to name the variable the user set in an error.
 
 Two values are checked only where they are used, so that an explicit argument keeps a bad
 variable harmless, as it always has: `timeout` (an `InitProcessGroupKwargs(timeout=)` wins) and
