@@ -132,10 +132,26 @@ def test_script_under_accelerate_variables_trains_as_asked(tmp_path: Path) -> No
     assert json.loads(out.strip().splitlines()[-1]) == ["bf16", "inductor", True]
 
 
+def test_script_that_builds_only_a_partial_state_gets_the_accelerate_variables(tmp_path: Path) -> None:
+    """The engine never imports accel.compat: the translation reaches `PartialState()` through the hook that
+    `accel/__init__.py` registers (any `import accel.x` runs it first)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os\nfrom accel.distributed.state import PartialState\nstate = PartialState()\n"
+        "print(json.dumps([state.debug, os.environ.get('ACCEL_MIXED_PRECISION')]))\n"
+    )
+    env = {**fixture_env("launch_env_multi_bf16_dynamo.json"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [True, "bf16"]
+
+
 @pytest.fixture
 def megatron_plugin(monkeypatch: pytest.MonkeyPatch):
     """accel-megatron's real `MegatronPlugin` (its plugin module needs nothing but accel), imported from the
-    repository when the package is not installed in this environment."""
+    repository when the package is not installed in this environment, and then registered as the config class
+    of a stand-in "megatron" strategy: the core reaches it only through the strategy registry."""
     try:
         from accel_megatron.plugin import MegatronPlugin
     except ImportError:
@@ -151,6 +167,14 @@ def megatron_plugin(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setitem(sys.modules, "accel_megatron.plugin", module)
         spec.loader.exec_module(module)
         MegatronPlugin = module.MegatronPlugin
+        from accel.adapter import registry
+
+        records = dict(registry.strategy_records())
+        stand_in = type("MegatronStrategy", (), {"config_class": MegatronPlugin})
+        records["megatron"] = registry.PluginRecord(
+            name="megatron", value="accel_megatron:MegatronStrategy", distribution="accel-megatron", loaded=stand_in
+        )
+        monkeypatch.setattr(registry, "strategy_records", lambda: records)
     return MegatronPlugin
 
 

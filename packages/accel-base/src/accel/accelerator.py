@@ -22,13 +22,11 @@ from .adapter.base import Adapter
 from .adapter.registry import get_strategy_class
 from .checkpoint import state as ckpt
 from .compat.accelerator import AcceleratorCompatMixin
-from .compat.env import launch_defaults
-from .compat.objects import convert, convert_accelerator_arguments
-from .compat.table import AccelerateFeatureError
+from .compat.arguments import accelerator_settings
 from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .distributed import ops
 from .distributed.state import AcceleratorState, DistributedType, GradientState
-from .errors import AccelError, CheckpointError, StrategyNotSupportedError, UnsupportedHandlerError
+from .errors import AccelError, CheckpointError, StrategyNotSupportedError
 from .precision.base import Precision, remove_autocast_wrapper
 from .prepare.compile import compile_settings, strip_compile, unwrap_through
 from .prepare.optimizer import AcceleratedOptimizer
@@ -45,25 +43,12 @@ from .settings.kwargs import (
     KwargsHandler,
     ProjectConfiguration,
     TorchDynamoPlugin,
-    check_positive_int,
 )
 from .strategies.base import Strategy
-from .strategies.deepspeed.config import DeepSpeedPlugin
-from .strategies.deepspeed.plugins import NO_PLUGINS
 from .strategies.parallelism_config import (
-    ParallelismConfig,
-    as_parallelism_config,
     bind_parallelism,
-    from_environment,
-    with_parallelism,
 )
 from .trackers.hub import TrackerHub
-
-# Configuration objects that have their own `Accelerator` argument (a common slip is to pass them as handlers).
-_HANDLER_HINTS = {
-    "ProjectConfiguration": " (pass it as `project_config=`)",
-    "DataLoaderConfiguration": " (pass it as `dataloader_config=`)",
-}
 
 
 class Accelerator(AcceleratorCompatMixin):
@@ -133,77 +118,30 @@ class Accelerator(AcceleratorCompatMixin):
         strategy_config: Any = None,
         even_batches: bool | None = None,
     ) -> None:
-        deepspeed_plugin = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins)
-        parallelism_config = _tp_plugin_as_parallelism(torch_tp_plugin, parallelism_config)
-        # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
-        plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
-        asked = strategy is not None or any(p is not None for p in plugins)
-        strategy, strategy_config, dynamo_plugin = launch_defaults(
-            strategy, strategy_config, any(p is not None for p in plugins), dynamo_backend, dynamo_plugin
-        )
-        if not asked and (launcher_pc := from_environment()) is not None:
-            # `--use_parallelism_config`: the sizes (the script's config, else the launcher's) pick the strategy.
-            strategy, parallelism_config = None, launcher_pc if parallelism_config is None else parallelism_config
-        # Objects built with the real Accelerate: converted to accel's with a warning, or refused.
-        (kwargs_handlers, dataloader_config, project_config, gradient_accumulation_plugin, dynamo_plugin) = (
-            convert_accelerator_arguments(
-                {
-                    "kwargs_handlers": kwargs_handlers,
-                    "dataloader_config": dataloader_config,
-                    "project_config": project_config,
-                    "gradient_accumulation_plugin": gradient_accumulation_plugin,
-                    "dynamo_plugin": dynamo_plugin,
-                }
-            ).values()
-        )
-        fsdp_plugin, megatron_lm_plugin = (
-            convert(fsdp_plugin, "fsdp_plugin"),
-            convert(megatron_lm_plugin, "megatron_lm_plugin"),
-        )
-        handlers = _sort_handlers(kwargs_handlers or [])
-        self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)
-        self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)
-        self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
-        self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
-        self.kwargs_handlers = handlers
+        # Every argument, translated once (Accelerate's spellings, the environment, the launcher's defaults).
+        settings = accelerator_settings(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
+        self.ddp_handler: DistributedDataParallelKwargs | None = settings.ddp_handler
+        self.scaler_handler: GradScalerKwargs | None = settings.scaler_handler
+        self.init_handler: InitProcessGroupKwargs | None = settings.init_handler
+        self.autocast_handler: AutocastKwargs | None = settings.autocast_handler
+        self.kwargs_handlers = dict(settings.handlers)
+        self.project_configuration = settings.project_config
+        self.dataloader_config = settings.dataloader_config
 
-        if project_config is None:
-            project_config = ProjectConfiguration(project_dir=str(project_dir) if project_dir else None)
-        elif project_dir is not None:
-            project_config.set_directories(str(project_dir))
-        self.project_configuration = project_config
-
-        config = dataloader_config or DataLoaderConfiguration()
-        if split_batches is not None:
-            config.split_batches = split_batches
-        if even_batches is not None:
-            config.even_batches = even_batches
-        self.dataloader_config = config
-
-        if dynamo_plugin is None and dynamo_backend is not None:
-            dynamo_plugin = TorchDynamoPlugin(backend=str(dynamo_backend).lower())
-        elif dynamo_plugin is None:
-            dynamo_plugin = TorchDynamoPlugin()
-
-        strategy_name, strategy_config = _pick_strategy(
-            strategy, strategy_config, fsdp_plugin, deepspeed_plugin, megatron_lm_plugin
-        )
-        if parallelism_config is not None:
-            parallelism_config = as_parallelism_config(parallelism_config)
-            strategy_name, strategy_config = with_parallelism(parallelism_config, strategy_name, strategy_config)
         self.state = AcceleratorState(
-            mixed_precision=mixed_precision,
-            cpu=cpu,
-            adapter=adapter,
-            emulate=emulate,
-            adapter_options=adapter_options,
-            strategy=strategy_name,
+            mixed_precision=settings.mixed_precision,
+            cpu=settings.cpu,
+            adapter=settings.adapter,
+            emulate=settings.emulate,
+            adapter_options=settings.adapter_options,
+            strategy=settings.strategy,
             init_kwargs=self.init_handler,
-            dynamo_plugin=dynamo_plugin,
+            dynamo_plugin=settings.dynamo_plugin,
+            env=settings.env,
             _from_accelerator=True,
         )
-        self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(strategy_config)
-        bind_parallelism(self.strategy, parallelism_config, self.state)  # the N-D mesh, or a DDP run's config
+        self.strategy: Strategy = get_strategy_class(self.state.strategy_name)(settings.strategy_config)
+        bind_parallelism(self.strategy, settings.parallelism_config, self.state)  # the N-D mesh, or a DDP run's config
         supported = self.adapter.capabilities.strategies
         if self.strategy.name not in supported:
             raise StrategyNotSupportedError(
@@ -218,27 +156,19 @@ class Accelerator(AcceleratorCompatMixin):
         self._asked_adapter_defaults: dict[str, Any] | None = None
         self._strategy_after_backward = self.strategy.after_backward if overridden else None
         use_distributed = self.state.use_distributed
-        self.state._partial.distributed_type = self.strategy.distributed_type(
-            use_distributed
-        ) or self.adapter.data_parallel_type(use_distributed)
-        self.state._strategy = self.strategy  # AcceleratorState.deepspeed_plugin / fsdp_plugin read its plugin
-        self.state._torch_tp_plugin = torch_tp_plugin
+        # AcceleratorState.deepspeed_plugin / fsdp_plugin / torch_tp_plugin read the strategy and the plugin.
+        self.state.attach_strategy(
+            self.strategy,
+            distributed_type=self.strategy.distributed_type(use_distributed)
+            or self.adapter.data_parallel_type(use_distributed),
+            torch_tp_plugin=settings.torch_tp_plugin,
+        )
+        self.gradient_state = GradientState(gradient_accumulation_plugin=settings.gradient_accumulation_plugin)
 
-        if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
-            raise ValueError(
-                "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
-                "Set `num_steps` in the plugin instead."
-            )
-        if gradient_accumulation_plugin is None:
-            gradient_accumulation_plugin = GradientAccumulationPlugin(
-                num_steps=_accumulation_steps(gradient_accumulation_steps)
-            )
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
-
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.device_placement = settings.device_placement
+        self.step_scheduler_with_optimizer = settings.step_scheduler_with_optimizer
         # Copied from rank 0 at every iteration of a prepared loader (accel.distributed.rng), as in Accelerate.
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.rng_types = settings.rng_types
         # One precision object for the run; a strategy whose engine scales the fp16 loss itself
         # must not get a second scaler.
         self.precision = Precision.for_run(
@@ -262,7 +192,7 @@ class Accelerator(AcceleratorCompatMixin):
             scheduler_options=self._scheduler_options,
         )
         """The prepare walk (`accel.prepare.walk`): `prepare` and `prepare_*` delegate to it."""
-        self._tracker_hub = TrackerHub(log_with, self.logging_dir, is_main_process=self.is_main_process)
+        self._tracker_hub = TrackerHub(settings.log_with, self.logging_dir, is_main_process=self.is_main_process)
 
     # ---- state ----------------------------------------------------------------------------
     @property
@@ -404,7 +334,7 @@ class Accelerator(AcceleratorCompatMixin):
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
-        self.gradient_state._set_sync_gradients(value)
+        self.gradient_state.set_sync_gradients(value)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -423,30 +353,30 @@ class Accelerator(AcceleratorCompatMixin):
     def split_between_processes(
         self, inputs: Any, apply_padding: bool = False
     ) -> contextlib.AbstractContextManager[Any]:
-        return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)  # type: ignore[no-any-return]
+        return self.state.partial.split_between_processes(inputs, apply_padding=apply_padding)  # type: ignore[no-any-return]
 
     def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state._partial.main_process_first()  # type: ignore[no-any-return]
+        return self.state.partial.main_process_first()  # type: ignore[no-any-return]
 
     def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state._partial.local_main_process_first()  # type: ignore[no-any-return]
+        return self.state.partial.local_main_process_first()  # type: ignore[no-any-return]
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state._partial.on_main_process(function)  # type: ignore[no-any-return]
+        return self.state.partial.on_main_process(function)  # type: ignore[no-any-return]
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state._partial.on_local_main_process(function)  # type: ignore[no-any-return]
+        return self.state.partial.on_local_main_process(function)  # type: ignore[no-any-return]
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state._partial.on_last_process(function)  # type: ignore[no-any-return]
+        return self.state.partial.on_last_process(function)  # type: ignore[no-any-return]
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
-        return self.state._partial.on_process(function, process_index=process_index)
+        return self.state.partial.on_process(function, process_index=process_index)
 
     def on_local_process(
         self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
     ) -> Any:
-        return self.state._partial.on_local_process(function, local_process_index=local_process_index)
+        return self.state.partial.on_local_process(function, local_process_index=local_process_index)
 
     # ---- prepare --------------------------------------------------------------------------
     def _scheduler_options(self) -> dict[str, Any]:
@@ -577,10 +507,10 @@ class Accelerator(AcceleratorCompatMixin):
         gs = self.gradient_state
         if gs.sync_with_dataloader and gs.end_of_dataloader:
             self.step = 0
-            gs._set_sync_gradients(True)
+            gs.set_sync_gradients(True)
         else:
             self.step += 1
-            gs._set_sync_gradients((self.step % gs.num_steps) == 0)
+            gs.set_sync_gradients((self.step % gs.num_steps) == 0)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -968,71 +898,6 @@ def _is_map_style(loader: Any) -> bool:
     return not isinstance(loader, DataLoaderDispatcher) and not isinstance(loader.dataset, IterableDataset)
 
 
-def _accumulation_steps(steps: Any) -> int:
-    """`gradient_accumulation_steps`, or `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set: an int >= 1."""
-    if isinstance(steps, float) and steps.is_integer():
-        steps = int(steps)  # 2.0 means 2 (Accelerate takes it); 2.5 is refused below
-    check_positive_int(steps, "gradient_accumulation_steps", hint="Pass a whole number of micro-batches, e.g. 2.")
-    env = os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", "")
-    if not env.strip():
-        return int(steps)
-    try:
-        value = int(env)
-    except ValueError:
-        value = 0
-    if value < 1:
-        # `accelerate launch` sets Accelerate's name; accel maps it onto its own: name the one the user set.
-        accelerate_name = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
-        name = accelerate_name if os.environ.get(accelerate_name) == env else "ACCEL_GRADIENT_ACCUMULATION_STEPS"
-        raise ValueError(
-            f"{name}={env!r} is not an int >= 1. Set it to the number of micro-batches "
-            f"per optimizer step (for example {name}=4), or unset it."
-        )
-    return value
-
-
-def _deepspeed_plugins(plugin: Any, plugins: Any) -> Any:
-    """The DeepSpeed strategy's config from `deepspeed_plugin=` / `deepspeed_plugins=`: one plugin, or a
-    `{name: plugin}` dict (Accelerate's plugins converted to accel's).
-
-    Raises:
-        ValueError: both arguments given, or an empty dict (Accelerate's first message).
-        TypeError: a dict value that is not a DeepSpeedPlugin (Accelerate's message).
-    """
-    if plugins is not None and plugin is not None:
-        raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
-    given = plugins if plugins is not None else plugin
-    if not isinstance(given, Mapping):
-        return convert(given, "deepspeed_plugin")
-    if not given:
-        raise ValueError(NO_PLUGINS)
-    converted = {str(name): convert(p, f"deepspeed_plugins[{name!r}]") for name, p in given.items()}
-    if not all(isinstance(p, DeepSpeedPlugin) for p in converted.values()):
-        raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
-    return converted
-
-
-def _tp_plugin_as_parallelism(plugin: Any, parallelism_config: Any) -> Any:
-    """Accelerate's deprecated `torch_tp_plugin`: a FutureWarning, then `ParallelismConfig(tp_size=plugin.tp_size)`
-    unless a `parallelism_config` is given (which wins, as in Accelerate)."""
-    if plugin is None:
-        return parallelism_config
-    tp_size = getattr(plugin, "tp_size", None)
-    if not isinstance(tp_size, int) or isinstance(tp_size, bool):
-        raise AccelerateFeatureError(
-            f"Accelerator(torch_tp_plugin={plugin!r}): expected Accelerate's `TorchTensorParallelPlugin` (an object "
-            "with an integer `tp_size`). Tensor parallelism is configured with "
-            "`Accelerator(parallelism_config=ParallelismConfig(tp_size=...))` (accel.utils; docs/parallelism.md)."
-        )
-    warnings.warn(
-        "`TorchTensorParallelPlugin` is deprecated and will be removed in a future version of Accelerate. "
-        "Please use the `ParallelismConfig` with `tp_size` instead.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return parallelism_config if parallelism_config is not None else ParallelismConfig(tp_size=tp_size)
-
-
 class UnsupportedLoadArgumentError(AccelError, TypeError):
     """An argument of Accelerate's `load_state` that accel's checkpoint loader cannot honour."""
 
@@ -1063,21 +928,6 @@ def _check_load_arguments(load_kwargs: Mapping[str, Any] | None, model_kwargs: d
         )
 
 
-def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
-    found: dict[type, Any] = {}
-    for handler in handlers:
-        if not isinstance(handler, KwargsHandler):
-            raise UnsupportedHandlerError(
-                f"Unsupported kwargs handler passed: {handler!r}, must be one that inherits `accel.settings.kwargs.KwargsHandler`"
-                f"{_HANDLER_HINTS.get(type(handler).__name__, '')}."
-            )
-        kind = type(handler)
-        if kind in found:
-            raise ValueError(f"You can only pass one {kind.__name__} in `kwargs_handlers`.")
-        found[kind] = handler
-    return found
-
-
 def _autocast_kwargs(handler: AutocastKwargs | None) -> dict[str, Any]:
     if handler is None:
         return {}
@@ -1085,23 +935,3 @@ def _autocast_kwargs(handler: AutocastKwargs | None) -> dict[str, Any]:
     if handler.cache_enabled is not None:
         kwargs["cache_enabled"] = handler.cache_enabled
     return kwargs
-
-
-def _pick_strategy(
-    strategy: str | None, config: Any, fsdp: Any, deepspeed: Any, megatron: Any
-) -> tuple[str | None, Any]:
-    chosen = [
-        (name, plugin)
-        for name, plugin in (("fsdp2", fsdp), ("deepspeed", deepspeed), ("megatron", megatron))
-        if plugin is not None
-    ]
-    if len(chosen) > 1:
-        raise ValueError(
-            f"Pass at most one of fsdp_plugin, deepspeed_plugin, megatron_lm_plugin; got {[c[0] for c in chosen]}."
-        )
-    if chosen:
-        name, plugin = chosen[0]
-        if strategy is not None and strategy != name:
-            raise ValueError(f"strategy={strategy!r} conflicts with the {name} plugin you passed.")
-        return name, plugin
-    return strategy, config

@@ -51,3 +51,12 @@ class PrepareError(AccelError, ValueError):
 class UnsupportedHandlerError(AccelError, TypeError, AssertionError):
     """Something that is not a kwargs handler was passed in `kwargs_handlers`. Also an `AssertionError`,
     the type Accelerate raises there, so code written against either library catches it."""
+
+
+class SettingError(AccelError, ValueError):
+    """A setting (launch flag, config key or environment variable; Accelerate's or accel's) accel cannot
+    honour; the message starts with the setting's name."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key

@@ -22,9 +22,9 @@ def _free_port() -> int:
 
 
 def _check_fresh(what: str) -> None:
-    from .distributed.state import PartialState
+    from .distributed.state import partial_state_exists
 
-    if PartialState._shared_state:
+    if partial_state_exists():
         raise ValueError(
             f"To launch a multi-process run with {what}, the `Accelerator` (or `PartialState`) must only be created "
             "inside the launched function. Restart the notebook (or process) and create it inside the function."
@@ -42,9 +42,9 @@ def _meets_its_peers(function: Callable[..., Any]) -> Callable[..., Any]:
         result = function(*args)
         import torch.distributed as dist
 
-        from .distributed.state import PartialState
+        from .distributed.state import PartialState, partial_state_exists
 
-        if not PartialState._shared_state and not (dist.is_available() and dist.is_initialized()):
+        if not partial_state_exists() and not (dist.is_available() and dist.is_initialized()):
             PartialState()  # joins the rendezvous; the group is destroyed at exit
         return result
 

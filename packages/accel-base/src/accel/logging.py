@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from .distributed.state import PartialState
-
-LOG_LEVEL_ENV = ("ACCEL_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
+from .distributed.state import PartialState, partial_state_exists
+from .settings.env import read_env
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -43,7 +41,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[RANK {PartialState().process_index}] {msg}", kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        if not PartialState._shared_state:
+        if not partial_state_exists():
             raise RuntimeError(
                 "accel.logging needs to know the process: create `PartialState()` or an `Accelerator()` before "
                 "logging through a logger from `get_logger`."
@@ -76,7 +74,7 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     of this logger and of the root logger, as Accelerate does.
     """
     if log_level is None:
-        log_level = next((os.environ[v] for v in LOG_LEVEL_ENV if os.environ.get(v)), None)
+        log_level = read_env().log_level
     logger = logging.getLogger(name)
     if log_level is not None:
         logger.setLevel(log_level.upper())

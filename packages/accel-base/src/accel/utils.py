@@ -200,9 +200,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     `device_specific` adds the process index so each rank draws differently;
     `deterministic` asks torch for deterministic algorithms.
     """
-    from .distributed.state import PartialState
+    from .distributed.state import PartialState, partial_state_exists
 
-    state = PartialState() if PartialState._shared_state else None
+    state = PartialState() if partial_state_exists() else None
     if device_specific and state is not None:
         seed += state.process_index
     random.seed(seed)

@@ -36,6 +36,8 @@ class MegatronStrategy(Strategy):
     """Megatron-core parallelism, configured by a `MegatronPlugin`."""
 
     name: ClassVar[str] = "megatron"
+    config_class: ClassVar[type] = MegatronPlugin
+    """What `ACCEL_STRATEGY_CONFIG` and Accelerate's `MEGATRON_LM_*` settings build (found through the registry)."""
     rebuilds_schedulers: ClassVar[bool] = True  # megatron-core's OptimizerParamScheduler, built in setup
 
     def __init__(self, config: Any = None) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import os
 import types
 import typing
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import AccelError
+from ..settings.env import read_env
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -110,14 +110,14 @@ class AdapterOptions:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Any:
-        """The options from the variables in `env` (default `os.environ`); `overrides` (field name ->
+        """The options from the variables in `env` (default: this process's, now); `overrides` (field name ->
         value, e.g. `Accelerator(adapter_options=...)`) win.
 
         Raises:
             AdapterOptionsError: a variable that does not parse, a value the option cannot take, or an
                 override naming no option (the message lists the options).
         """
-        env = os.environ if env is None else env
+        env = read_env().variables if env is None else env
         known = sorted(f.name for f in _fields(cls))
         unknown = sorted(set(overrides or {}) - set(known))
         if unknown:

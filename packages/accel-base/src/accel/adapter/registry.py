@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AdapterNotFoundError, AdapterUnavailableError, StrategyNotFoundError
+from ..settings.env import BROKEN_ADAPTERS_VARIABLE, read_env
 from .base import (
     ADAPTER_API_VERSION,
     DEPRECATED_ADAPTER_API_VERSIONS,
@@ -262,17 +263,18 @@ def select_adapter(requested: str | None = None, *, emulate: bool = False) -> ty
 
 
 _WARNED: set[str] = set()
-REPORTED_VARIABLE = "ACCEL_BROKEN_ADAPTERS_REPORTED"
+REPORTED_VARIABLE = BROKEN_ADAPTERS_VARIABLE
 """Set by the process that reported broken adapter plugins (`<pid>:<name>,<name>`): the workers
 `accel launch` starts from it inherit it and stay quiet about those plugins."""
 
 
 def _reported_by_launcher() -> set[str]:
     """The broken plugins this process's launcher already reported (empty unless this is a launched worker)."""
-    pid, _, names = os.environ.get(REPORTED_VARIABLE, "").partition(":")
+    env = read_env()
+    pid, _, names = env.broken_adapters_reported.partition(":")
     # Only a launched worker (LOCAL_RANK set) whose parent made the report: another program started from a
     # process that reported (a test, a user script running `accel launch`) still says it once.
-    if "LOCAL_RANK" not in os.environ or not pid.isdigit() or int(pid) != os.getppid():
+    if not env.launched_worker or not pid.isdigit() or int(pid) != os.getppid():
         return set()
     return {name for name in names.split(",") if name}
 

@@ -159,7 +159,7 @@ class AcceleratorCompatMixin:
     @property
     def torch_device_mesh(self) -> Any:
         """The strategy's device mesh (FSDP2), or None."""
-        return getattr(self.strategy, "_mesh", None)
+        return getattr(self.strategy, "device_mesh", None)
 
     @property
     def parallelism_config(self) -> Any:

@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from ..settings.env import EnvSettings, read_env
+from ..settings.strategy_config import strategy_config_class, strategy_config_from_json
 from .settings import (
     MEGATRON_RENAMES,
     SettingError,
@@ -207,75 +209,30 @@ def launch_defaults(
     plugin_given: bool,
     dynamo_backend: str | None,
     dynamo_plugin: Any,
+    *,
+    env: EnvSettings | None = None,
 ) -> tuple[str | None, Any, Any]:
     """The Accelerator's strategy, strategy config and dynamo plugin, with the launcher's
-    settings filling what the script left unset.
+    settings (`env`, default: this process's, with `accelerate launch`'s variables applied) filling
+    what the script left unset.
 
     Returns `(strategy, strategy_config, dynamo_plugin)`; each is the argument given when
     the script set it.
     """
-    apply_accelerate_env()
-    env_strategy = os.environ.get("ACCEL_STRATEGY")
-    if strategy is None and env_strategy is None and not plugin_given:
-        from ..strategies.parallelism_config import from_environment
-
+    if env is None:
+        apply_accelerate_env()
+        env = read_env()
+    env_strategy = env.strategy
+    if strategy is None and env_strategy is None and not plugin_given and env.use_parallelism_config:
         # A launcher's ParallelismConfig (`--use_parallelism_config`) composes on the FSDP2 strategy.
-        if from_environment() is not None:
-            strategy = "fsdp2"
-    raw = os.environ.get("ACCEL_STRATEGY_CONFIG")
+        strategy = "fsdp2"
+    raw = env.strategy_config
     if raw and strategy_config is None and not plugin_given and (strategy or env_strategy) == env_strategy:
         strategy_config = strategy_config_from_json(env_strategy, raw)
     if dynamo_plugin is None and dynamo_backend is None:
-        settings = {
-            key: os.environ[var]
-            for key in ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
-            if (var := "ACCEL_" + key.upper()) in os.environ
-        }
+        settings = dict(env.dynamo)
         if settings:
             from ..settings.kwargs import TorchDynamoPlugin
 
             dynamo_plugin = TorchDynamoPlugin(**dynamo_kwargs(settings))
     return strategy, strategy_config, dynamo_plugin
-
-
-def strategy_config_from_json(strategy: str | None, raw: str) -> Any:
-    """The config object of `strategy` from JSON keyword arguments (a plain dict for strategies accel-base
-    does not know).
-
-    Raises:
-        SettingError: `raw` is not a JSON object. The config class raises on bad fields.
-    """
-    try:
-        kwargs = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingError("ACCEL_STRATEGY_CONFIG", f"not valid JSON ({exc}); unset it or fix it") from None
-    if not isinstance(kwargs, dict):
-        raise SettingError("ACCEL_STRATEGY_CONFIG", "must be a JSON object of the strategy config's fields")
-    cls = strategy_config_class(strategy)
-    return kwargs if cls is None else cls(**kwargs)
-
-
-def strategy_config_class(strategy: str | None) -> type[Any] | None:
-    """The config class whose keyword arguments `ACCEL_STRATEGY_CONFIG` holds for `strategy` (None: a plain
-    dict, for strategies accel-base does not know).
-
-    Raises:
-        SettingError: the megatron strategy without accel-megatron installed.
-    """
-    if strategy == "fsdp2":
-        from ..strategies.fsdp import FSDPConfig
-
-        return FSDPConfig
-    if strategy == "deepspeed":
-        from ..strategies.deepspeed.config import DeepSpeedPlugin
-
-        return DeepSpeedPlugin
-    if strategy == "megatron":
-        try:
-            from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
-        except ImportError:
-            raise SettingError(
-                "strategy", "megatron needs accel-megatron: pip install 'accel-megatron[megatron]'"
-            ) from None
-        return MegatronPlugin  # type: ignore[no-any-return]
-    return None

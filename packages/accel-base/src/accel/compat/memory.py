@@ -23,9 +23,9 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
     """Release cached device memory through the adapter in use (after a `gc.collect()` if asked)."""
     if garbage_collection:
         gc.collect()
-    from ..distributed.state import PartialState
+    from ..distributed.state import PartialState, partial_state_exists
 
-    if PartialState._shared_state:
+    if partial_state_exists():
         PartialState().adapter.empty_cache()
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import sys
 import warnings
 from typing import Any
 
@@ -91,9 +93,19 @@ def convert(obj: Any, role: str) -> Any:
         f"{role}: converted accelerate.utils.{name} (from the real accelerate package) to accel's {name}; "
         f"import it with `from accel.utils import {name}`.",
         UserWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
     return converted
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that attributes a warning to the first caller outside accel (the user's line that built
+    the Accelerator), however deep in accel the warning is raised."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # accel/
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:

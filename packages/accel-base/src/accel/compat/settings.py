@@ -14,16 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import AccelError
-
-
-class SettingError(AccelError, ValueError):
-    """An Accelerate setting (flag, config key or environment variable) accel cannot honour."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
+from ..errors import SettingError
 
 TRUE = ("1", "true", "yes", "on", "y")
 FALSE = ("0", "false", "no", "off", "n", "")
@@ -234,13 +225,17 @@ def megatron_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
     """
     import dataclasses
 
+    from ..settings.strategy_config import strategy_config_class
+
     try:
-        from accel_megatron.plugin import MegatronPlugin  # type: ignore[import-not-found]
-    except ImportError:
+        plugin_class = strategy_config_class("megatron")  # accel-megatron's `MegatronPlugin`, through the registry
+    except SettingError:
+        plugin_class = None
+    if plugin_class is None:
         raise SettingError(
             next(iter(settings), "megatron_lm"), "needs accel-megatron: pip install 'accel-megatron[megatron]'"
-        ) from None
-    fields = {f.name: f for f in dataclasses.fields(MegatronPlugin)}
+        )
+    fields = {f.name: f for f in dataclasses.fields(plugin_class)}
     out: dict[str, Any] = {}
     for key, value in settings.items():
         if value is None:

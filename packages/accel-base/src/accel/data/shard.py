@@ -111,7 +111,7 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
         self.end_of_dataloader = False
         self.remainder = -1
         if self.gradient_state is not None:
-            self.gradient_state._add_dataloader(self)
+            self.gradient_state.add_dataloader(self)
         try:
             it = self._start(resume_rng)
             if self.batch_transfer is not None and self.device is not None:
@@ -138,7 +138,7 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
         finally:
             shard.skip_batches = 0
             if self.gradient_state is not None:
-                self.gradient_state._remove_dataloader(self)
+                self.gradient_state.remove_dataloader(self)
 
     def _epoch_generators(self) -> dict[str, torch.Generator | None]:
         """The generators an epoch's start draws from: sampler (shuffle) and loader (worker seeds)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import inspect
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -23,22 +22,17 @@ import torch.distributed as dist
 
 from ..adapter.base import Adapter
 from ..adapter.registry import select_adapter
-from ..compat.env import apply_accelerate_env
-from ..compat.table import missing_member
 from ..errors import DistributedSetupError
 from ..precision.base import Precision
+from ..settings.env import EnvSettings, read_env
 from ..settings.kwargs import InitProcessGroupKwargs
+from ..settings.launch import LaunchInfo
 from .debug import check_collective
 from .distributed_type import DistributedType
-from .launch_env import LaunchInfo, read_launch_env
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 EXIT_DRAIN_SECONDS = 0.05
@@ -57,20 +51,39 @@ def _register_exit_hook() -> None:
         atexit.register(PartialState._destroy_at_exit)
 
 
-def _timeout_from_env() -> timedelta:
-    value = os.environ.get("ACCEL_TIMEOUT")
-    if not value:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(
-            f"ACCEL_TIMEOUT={value!r} is not a positive number of seconds. Set it to how long a collective "
-            "may wait for the other processes (for example ACCEL_TIMEOUT=600), or unset it for 30 minutes."
-        )
-    return timedelta(seconds=seconds)
+def _python_missing_member(owner: str, name: str) -> AttributeError:
+    return AttributeError(f"'{owner}' object has no attribute '{name}'")
+
+
+# What the edge installs (`register_edge`): the engine never imports `accel.compat`.
+_before_state: list[Callable[[], object]] = []
+_missing_member: Callable[[str, str], AttributeError] = _python_missing_member
+
+
+def register_edge(*, before: Callable[[], object], missing: Callable[[str, str], AttributeError]) -> None:
+    """Install the edge's hooks (`accel/__init__.py` does, so every `import accel.x` has them in place).
+
+    `before` runs, once per registration, ahead of every environment read by a state (`accel.compat` turns
+    `accelerate launch`'s ACCELERATE_* variables into accel's there); `missing` gives the error for a member
+    accel lacks (`accel.compat.table.missing_member` says why accel lacks an Accelerate member; without it,
+    Python's own message).
+    """
+    global _missing_member
+    if before not in _before_state:
+        _before_state.append(before)
+    _missing_member = missing
+
+
+def missing_member(owner: str, name: str) -> AttributeError:
+    """The error for reading `name` from `owner` ("PartialState", "Accelerator", ...) when it lacks it."""
+    return _missing_member(owner, name)
+
+
+def _build_env() -> EnvSettings:
+    """The environment, read after the edge's hooks ran (they may translate variables)."""
+    for hook in _before_state:
+        hook()
+    return read_env()
 
 
 def _reset_message(cls_name: str, name: str) -> str:
@@ -108,6 +121,12 @@ def is_initialized() -> bool:
     return bool(AcceleratorState._shared_state.get("_initialized", False))
 
 
+def partial_state_exists() -> bool:
+    """Whether this process has a `PartialState` (set up, or begun: a failed setup leaves what it set), without
+    building one as `PartialState()` would."""
+    return bool(PartialState._shared_state)
+
+
 class PartialState:
     """The process group, this process's ranks and its device.
 
@@ -116,6 +135,8 @@ class PartialState:
         adapter: name of the adapter to use (else `ACCEL_ADAPTER`, else auto-selection).
         emulate: run the adapter's code on the CPU with gloo (else `ACCEL_EMULATE`).
         init_kwargs: an `InitProcessGroupKwargs` (backend, timeout).
+        env: the environment as `accel.settings.env.read_env` parsed it (the `Accelerator` passes the one it
+            read); None: read now, after the edge's `before_state` hooks.
 
     Under a launcher that sets a world size above one the process group is always
     started; if it cannot be, `DistributedSetupError` says why. It never falls back to
@@ -151,21 +172,22 @@ class PartialState:
         emulate: bool | None = None,
         init_kwargs: InitProcessGroupKwargs | None = None,
         adapter_options: Mapping[str, Any] | None = None,
+        env: EnvSettings | None = None,
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
-        apply_accelerate_env()  # a script under `accelerate launch`: its ACCELERATE_* settings, as accel's
+        env = env or _build_env()
         init_kwargs = init_kwargs or kwargs.pop("init_process_group_kwargs", None) or InitProcessGroupKwargs()
-        emulate = _env_flag("ACCEL_EMULATE") if emulate is None else emulate
-        requested = "cpu" if cpu or _env_flag("ACCEL_USE_CPU") else (adapter or os.environ.get("ACCEL_ADAPTER") or None)
+        emulate = env.emulate if emulate is None else emulate
+        requested = "cpu" if cpu or env.use_cpu else (adapter or env.adapter)
         adapter_cls = select_adapter(requested, emulate=emulate)
-        launch = read_launch_env()
+        launch = env.launch
         self.launch: LaunchInfo = launch
         self._cpu = cpu
         # Set by `notebook_launcher`'s forked workers (as in Accelerate): the launcher owns the process group.
-        self.fork_launched = _env_flag("FORK_LAUNCHED")
+        self.fork_launched = env.fork_launched
         self.adapter: Adapter = adapter_cls(emulate=emulate, options=adapter_options)
         self.emulate = emulate
         self.num_processes = launch.world_size
@@ -173,8 +195,8 @@ class PartialState:
         self.local_process_index = launch.local_rank
         self.device = self.adapter.device_for(launch.local_rank)
         self.backend = init_kwargs.backend or self.adapter.backend
-        self.timeout = init_kwargs.timeout or _timeout_from_env()
-        self.debug = _env_flag("ACCEL_DEBUG_MODE")
+        self.timeout = init_kwargs.timeout or env.timeout or DEFAULT_TIMEOUT
+        self.debug = env.debug
         self.adapter.set_device(self.device)
         self.distributed_type = self.adapter.data_parallel_type(False)
         self.owns_process_group = False
@@ -473,14 +495,15 @@ class AcceleratorState:
     """`PartialState` plus the precision, the strategy and the compile settings.
 
     Attributes of the partial state are reachable through this one (`num_processes`,
-    `device`, ...).
+    `device`, ...). `mixed_precision` and `strategy` default to `env`'s (`ACCEL_MIXED_PRECISION`,
+    `ACCEL_STRATEGY`); `env` is read now when not given.
     """
 
     _shared_state: dict[str, Any] = {}
     _strategy: Any
-    """The Accelerator's strategy (set by it), for `deepspeed_plugin` / `fsdp_plugin`."""
+    """The Accelerator's strategy (`attach_strategy`), for `deepspeed_plugin` / `fsdp_plugin`."""
     _torch_tp_plugin: Any
-    """The deprecated `torch_tp_plugin` the Accelerator was given, for `AcceleratorState.torch_tp_plugin`."""
+    """The deprecated `torch_tp_plugin` the Accelerator was given (`attach_strategy`), for `torch_tp_plugin`."""
     _known_attrs: list[str] = [
         *PartialState._known_attrs,
         "deepspeed_plugin",
@@ -503,6 +526,7 @@ class AcceleratorState:
         init_kwargs: InitProcessGroupKwargs | None = None,
         dynamo_plugin: Any = None,
         adapter_options: Mapping[str, Any] | None = None,
+        env: EnvSettings | None = None,
         _from_accelerator: bool = False,
     ) -> None:
         self.__dict__ = self._shared_state
@@ -514,15 +538,13 @@ class AcceleratorState:
                     "(tests) or create one Accelerator per process."
                 )
             return
+        env = env or _build_env()
         self._partial = PartialState(
-            cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs, adapter_options=adapter_options
+            cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs, adapter_options=adapter_options, env=env
         )
-        self._mixed_precision: str = Precision.resolve(
-            mixed_precision or os.environ.get("ACCEL_MIXED_PRECISION"),
-            self._partial.adapter,
-        )
+        self._mixed_precision: str = Precision.resolve(mixed_precision or env.mixed_precision, self._partial.adapter)
         chosen = self._partial.adapter
-        name = strategy or os.environ.get("ACCEL_STRATEGY") or chosen.default_strategy()
+        name = strategy or env.strategy or chosen.default_strategy()
         self.strategy_name = chosen.strategy_aliases.get(name, name)
         self.dynamo_plugin = dynamo_plugin
         # The distributed type of a strategy comes from the strategy itself (`Strategy.distributed_type`,
@@ -556,6 +578,18 @@ class AcceleratorState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # See `PartialState.__setstate__`.
         _restore_shared(self, state)
+
+    @property
+    def partial(self) -> PartialState:
+        """The process's `PartialState` (ranks, device, process group) this state is built on."""
+        return self._partial  # type: ignore[no-any-return]
+
+    def attach_strategy(self, strategy: Any, *, distributed_type: DistributedType, torch_tp_plugin: Any) -> None:
+        """Record the Accelerator's strategy (for `deepspeed_plugin`, `fsdp_plugin`, `parallelism_config`,
+        `device_mesh`), the distributed type it runs as, and the deprecated `torch_tp_plugin` it was given."""
+        self._partial.distributed_type = distributed_type
+        self._strategy = strategy
+        self._torch_tp_plugin = torch_tp_plugin
 
     @property
     def mixed_precision(self) -> str:
@@ -669,7 +703,7 @@ class AcceleratorState:
     def device_mesh(self) -> Any:
         """The Accelerator's device mesh (`Accelerator.torch_device_mesh`: the ParallelismConfig's named mesh, else
         the FSDP2 strategy's 1-D mesh), else None."""
-        return getattr(self.__dict__.get("_strategy"), "_mesh", None)
+        return getattr(self.__dict__.get("_strategy"), "device_mesh", None)
 
     @property
     def torch_tp_plugin(self) -> Any:
@@ -795,17 +829,25 @@ class GradientState:
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
 
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+    def set_sync_gradients(self, sync_gradients: bool) -> None:
+        """Whether this step synchronises gradients (the Accelerator decides, under `accumulate`)."""
         self.sync_gradients = sync_gradients
 
-    def _add_dataloader(self, dataloader: Any) -> None:
+    def add_dataloader(self, dataloader: Any) -> None:
+        """A prepared loader starts iterating: it becomes the active one."""
         self.active_dataloader = dataloader
         self.dataloader_references.append(dataloader)
 
-    def _remove_dataloader(self, dataloader: Any) -> None:
+    def remove_dataloader(self, dataloader: Any) -> None:
+        """A prepared loader finished iterating: the one it interrupted (if any) is active again."""
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1]
+
+    # Accelerate's names (transformers' Trainer calls `_set_sync_gradients`).
+    _set_sync_gradients = set_sync_gradients
+    _add_dataloader = add_dataloader
+    _remove_dataloader = remove_dataloader
 
     def __repr__(self) -> str:
         return (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AccelError
+from .env import read_env
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
 _PHRASES = {
@@ -132,7 +133,7 @@ class AccelConfig:
             )
         if not self.strategy_config:
             return
-        from ..compat.env import strategy_config_class, strategy_config_from_json
+        from .strategy_config import strategy_config_class, strategy_config_from_json
 
         cls = strategy_config_class(self.strategy)
         if cls is not None and dataclasses.is_dataclass(cls):
@@ -200,10 +201,10 @@ def json_schema() -> dict[str, Any]:
 
 def default_config_path() -> Path:
     """Where `accel config` writes and `accel launch` looks: `ACCEL_CONFIG_FILE`, else the cache folder."""
-    env = os.environ.get("ACCEL_CONFIG_FILE")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    env = read_env()
+    if env.config_file:
+        return Path(env.config_file).expanduser()
+    cache = env.cache_home or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "accel" / "default_config.yaml"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import numbers
-import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
@@ -239,8 +238,9 @@ class TorchDynamoPlugin(KwargsHandler):
 
     def __post_init__(self) -> None:
         if self.backend is None:
-            env = os.environ.get("ACCEL_DYNAMO_BACKEND")
-            self.backend = env.lower() if env else None
+            from .env import read_env
+
+            self.backend = read_env().dynamo_backend
         if self.disable:
             # `torch.compile(..., disable=True)` compiles nothing: accel then skips compilation altogether.
             self.backend = "no"

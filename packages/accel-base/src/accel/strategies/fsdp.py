@@ -332,6 +332,11 @@ class FSDP2Strategy(Strategy):
         self._own_group: Any = None
         self._bound = False
 
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The N-D mesh `build_mesh` built (None on one process, or before it ran)."""
+        return self._mesh
+
     def build_mesh(self, facts: MeshFacts, pc: ParallelismConfig | None = None) -> None:
         """Validate the N-D config against the run (`facts`, from the Accelerator's state) and build its mesh on
         the adapter's device type; `pc` is adopted when this strategy has no config of its own.

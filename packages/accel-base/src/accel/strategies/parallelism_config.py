@@ -14,18 +14,18 @@ else Accelerate's `PARALLELISM_CONFIG_<FIELD>`, else 1.
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..settings.env import read_env
 
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _SIZE_FIELDS = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
 
 
 def _env(name: str, default: str) -> str:
-    key = name.upper()
-    return os.environ.get(f"ACCEL_PARALLELISM_{key}", os.environ.get(f"PARALLELISM_CONFIG_{key}", default))
+    return read_env().parallelism.get(name, default)
 
 
 @dataclass
@@ -324,8 +324,7 @@ def launch_env(settings: dict[str, Any]) -> dict[str, str]:
 def from_environment() -> ParallelismConfig | None:
     """A `ParallelismConfig` from the launcher's variables when it asked for one (`ACCEL_USE_PARALLELISM_CONFIG`,
     or Accelerate's `ACCELERATE_USE_PARALLELISM_CONFIG`), else None."""
-    flag = os.environ.get("ACCEL_USE_PARALLELISM_CONFIG", os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", ""))
-    return ParallelismConfig() if flag.strip().lower() in ("1", "true", "yes") else None
+    return ParallelismConfig() if read_env().use_parallelism_config else None
 
 
 def as_parallelism_config(pc: Any) -> ParallelismConfig:
@@ -398,12 +397,14 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
     """Give the run's strategy its mesh once the processes are known (called by the Accelerator right after it
     builds the strategy, so `accelerator.torch_device_mesh` exists from construction on, as in Accelerate).
 
-    `state` is the run's state (`num_processes`, `use_distributed`, `device`, `adapter`): this module reads
-    nothing global. A strategy with a `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting
-    `pc` if it has none. Any other strategy (DDP, ...) takes a replicate-only `pc` as it is: with every size 1
-    on several processes `dp_replicate_size` becomes the number of processes (Accelerate's
-    `_validate_accelerator`), else the sizes must multiply to it; its mesh has the `dp_replicate` dimension
-    (with the flattened `dp` and `dp_cp`) on the adapter's device type, None on one process.
+    `state` is the run's state (`num_processes`, `use_distributed`, `device`, `backend`, `mixed_precision`,
+    `adapter`): this module reads nothing global. A strategy with a `learn_run` hook gets these facts first (the
+    DeepSpeed strategy, which transformers may ask for its ZeRO-3 config before `prepare`). A strategy with a
+    `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting `pc` if it has none. Any other
+    strategy (DDP, ...) takes a replicate-only `pc` as it is, in its public `parallelism` and `device_mesh`
+    attributes: with every size 1 on several processes `dp_replicate_size` becomes the number of processes
+    (Accelerate's `_validate_accelerator`), else the sizes must multiply to it; its mesh has the `dp_replicate`
+    dimension (with the flattened `dp` and `dp_cp`) on the adapter's device type, None on one process.
 
     Raises:
         ValueError: the sizes do not multiply to the number of processes, or the adapter lacks a dimension.
@@ -414,7 +415,12 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
         device_type=state.device.type,
         capabilities=state.adapter.capabilities,
         adapter_name=state.adapter.name,
+        backend=str(state.backend),
+        mixed_precision=str(state.mixed_precision),
     )
+    learn = getattr(strategy, "learn_run", None)
+    if learn is not None:
+        learn(facts)
     build = getattr(strategy, "build_mesh", None)
     if build is not None:
         build(facts, pc)
@@ -423,7 +429,7 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
         return
     pc.validate(facts.num_processes, facts.capabilities, facts.adapter_name)
     strategy.parallelism = pc
-    strategy._mesh = pc.get_device_mesh(facts.device_type) if facts.use_distributed else None
+    strategy.device_mesh = pc.get_device_mesh(facts.device_type) if facts.use_distributed else None
 
 
 @dataclass(frozen=True)
@@ -435,3 +441,7 @@ class MeshFacts:
     device_type: str
     capabilities: Any
     adapter_name: str
+    backend: str = ""
+    """The process group's backend (the adapter's, or `InitProcessGroupKwargs(backend=)`)."""
+    mixed_precision: str = "no"
+    """The run's mixed precision mode."""

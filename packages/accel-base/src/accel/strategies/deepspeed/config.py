@@ -122,8 +122,11 @@ class DeepSpeedPlugin:
             )
         self._selected = True
 
-    def _unselect(self) -> None:
+    def unselect(self) -> None:
+        """Mark this plugin inactive (the DeepSpeed strategy does, when it selects another)."""
         self._selected = False
+
+    _unselect = unselect  # Accelerate's name
 
     @property
     def deepspeed_config(self) -> dict[str, Any]:

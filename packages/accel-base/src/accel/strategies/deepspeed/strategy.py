@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ...prepare.context import RunContext
     from ...prepare.group import PrepareGroup
     from ...prepare.prepared import Prepared
+    from ..parallelism_config import MeshFacts
 
 __all__ = [
     "DEFAULT_PLUGIN",
@@ -112,15 +113,20 @@ class ZeRO3Awareness:
 
     @property
     def config(self) -> dict[str, Any]:
-        # Asked by transformers right before `deepspeed.zero.Init`: DeepSpeed joins the
-        # Accelerator's process group (and device) first, as for `zero3_init`.
-        from ...distributed.state import AcceleratorState, PartialState, is_initialized
+        """Asked by transformers right before `deepspeed.zero.Init`: DeepSpeed joins the Accelerator's
+        process group (and device) first, as for `zero3_init`.
 
-        state = PartialState()
-        self.strategy._device_type = state.device.type
-        self.strategy._init_distributed(state.backend)
-        mixed = AcceleratorState().mixed_precision if is_initialized() else "no"
-        return self.strategy._zero_init_config(mixed)
+        Raises:
+            RuntimeError: the strategy was not built by an `Accelerator` (it knows no run yet).
+        """
+        run = self.strategy.run
+        if run is None:
+            raise RuntimeError(
+                "A ZeRO-3 model is being built before an Accelerator set up the DeepSpeed strategy: create the "
+                "`Accelerator` (with the DeepSpeed plugin) before the model."
+            )
+        self.strategy._init_distributed(run.backend)
+        return self.strategy._zero_init_config(run.mixed_precision)
 
 
 def register_zero3_awareness(awareness: ZeRO3Awareness) -> bool:
@@ -156,7 +162,7 @@ class DeepSpeedStrategy(Strategy):
         """Whether the plugins were given by name (`deepspeed_plugins={name: plugin}`)."""
         self._active = next(iter(plugins))
         for plugin in plugins.values():
-            plugin._unselect()
+            plugin.unselect()
         plugins[self._active].select(_from_accelerator_state=True)
         self.engines: list[EngineRecord] = []
         """Every engine built, in the order their models were prepared."""
@@ -164,6 +170,8 @@ class DeepSpeedStrategy(Strategy):
         self._accumulation_steps: int | None = None
         self._warned_clipping = False
         self._device_type = "cpu"
+        self.run: MeshFacts | None = None
+        """The run's facts, from the Accelerator (`learn_run`), before anything is prepared."""
         # ZeRO-3 aware construction of transformers models (zero3_init_flag); kept alive here. It reads
         # the active plugin, so selecting another plugin switches it too.
         self.zero3_awareness = ZeRO3Awareness(self)
@@ -171,6 +179,12 @@ class DeepSpeedStrategy(Strategy):
             register_zero3_awareness(self.zero3_awareness)
 
     # ---- plugins and engines ------------------------------------------------------------
+    def learn_run(self, run: MeshFacts) -> None:
+        """The Accelerator hands over the run's device, backend and precision right after building the strategy
+        (transformers may build a ZeRO-3 model before `prepare`)."""
+        self.run = run
+        self._device_type = run.device_type
+
     @property
     def plugin(self) -> DeepSpeedPlugin:
         """The active plugin: the next model `prepare` sees goes into an engine built from it."""
@@ -206,7 +220,7 @@ class DeepSpeedStrategy(Strategy):
         """
         chosen = self.get_plugin(name)
         for plugin in self.plugins.values():
-            plugin._unselect()
+            plugin.unselect()
         chosen.select(_from_accelerator_state=True)
         self._active = next(k for k, v in self.plugins.items() if v is chosen)
 
