@@ -385,7 +385,7 @@ def test_get_module_children_bottom_up_with_names() -> None:
 
 
 def test_torch_dynamo_plugin_disable_prepares_without_compiling() -> None:
-    from accel.prepare.compile import is_compiled_module
+    from accel.prepare.wrappers import is_compiled_module
     from accel.utils import TorchDynamoPlugin
 
     plugin = TorchDynamoPlugin(backend="eager", disable=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from accel import Accelerator, TorchDynamoPlugin
-from accel.prepare.compile import is_compiled_module
+from accel.prepare.wrappers import is_compiled_module
 from conftest import requires_gpu
 from torch import nn
 from torch.testing import assert_close

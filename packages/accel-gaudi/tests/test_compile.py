@@ -6,7 +6,7 @@ import copy
 
 import torch
 from accel import Accelerator
-from accel.prepare.compile import is_compiled_module
+from accel.prepare.wrappers import is_compiled_module
 from accel_gaudi import hpu_emulated
 from torch import nn
 

@@ -23,16 +23,21 @@ from .adapter.registry import get_strategy_class
 from .checkpoint import state as ckpt
 from .compat.accelerator import AcceleratorCompatMixin
 from .compat.arguments import accelerator_settings
+from .compat.objects import adopt_tracker
 from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .distributed import ops
 from .distributed.state import AcceleratorState, DistributedType, GradientState
 from .errors import AccelError, CheckpointError, StrategyNotSupportedError
 from .precision.base import Precision, remove_autocast_wrapper
-from .prepare.compile import compile_settings, strip_compile, unwrap_through
-from .prepare.optimizer import AcceleratedOptimizer
 from .prepare.prepared import Prepared, RunContext
-from .prepare.scheduler import AcceleratedScheduler
 from .prepare.walk import PrepareWalk, check_device_map, verify_device_map
+from .prepare.wrappers import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    compile_settings,
+    strip_compile,
+    unwrap_through,
+)
 from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -187,12 +192,14 @@ class Accelerator(AcceleratorCompatMixin):
         self._walk = PrepareWalk(
             prepared=self.prepared,
             context=self._run,
-            placement_default=lambda: self.device_placement,
+            placement_default=self._placement_default,
             check_placement=self._check_placement,
             scheduler_options=self._scheduler_options,
         )
         """The prepare walk (`accel.prepare.walk`): `prepare` and `prepare_*` delegate to it."""
-        self._tracker_hub = TrackerHub(settings.log_with, self.logging_dir, is_main_process=self.is_main_process)
+        self._tracker_hub = TrackerHub(
+            settings.log_with, self.logging_dir, is_main_process=self.is_main_process, adopt=adopt_tracker
+        )
 
     # ---- state ----------------------------------------------------------------------------
     @property
@@ -379,6 +386,9 @@ class Accelerator(AcceleratorCompatMixin):
         return self.state.partial.on_local_process(function, local_process_index=local_process_index)
 
     # ---- prepare --------------------------------------------------------------------------
+    def _placement_default(self) -> bool:
+        return self.device_placement
+
     def _scheduler_options(self) -> dict[str, Any]:
         return {
             "step_with_optimizer": self.step_scheduler_with_optimizer,

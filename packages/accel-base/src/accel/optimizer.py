@@ -1,5 +1,5 @@
-"""Accelerate's `optimizer` module path: the prepared optimizer (`accel.prepare.optimizer`)."""
+"""Accelerate's `optimizer` module path: the prepared optimizer (`accel.prepare.wrappers`)."""
 
-from .prepare.optimizer import AcceleratedOptimizer
+from .prepare.wrappers import AcceleratedOptimizer
 
 __all__ = ["AcceleratedOptimizer"]

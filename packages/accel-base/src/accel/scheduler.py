@@ -1,5 +1,5 @@
-"""Accelerate's `scheduler` module path: the prepared scheduler (`accel.prepare.scheduler`)."""
+"""Accelerate's `scheduler` module path: the prepared scheduler (`accel.prepare.wrappers`)."""
 
-from .prepare.scheduler import AcceleratedScheduler
+from .prepare.wrappers import AcceleratedScheduler
 
 __all__ = ["AcceleratedScheduler"]

@@ -136,7 +136,7 @@ from .distributed.ops import (
 from .distributed.rng import RNGType, synchronize_rng_state, synchronize_rng_states
 from .distributed.state import DistributedType
 from .precision.base import convert_outputs_to_fp32
-from .prepare.compile import compile_regions, is_compiled_module
+from .prepare.wrappers import compile_regions, is_compiled_module
 from .settings.config_file import write_basic_config
 from .settings.kwargs import (
     AutocastKwargs,

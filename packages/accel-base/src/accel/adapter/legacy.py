@@ -11,7 +11,7 @@ one is refused when adapters are discovered (`accel.adapter.base.LEGACY_PREPARE_
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -24,8 +24,8 @@ HOOKS = ("prepare_model", "apply_precision", "apply_strategy", "compile_model", 
 class LegacyPrepareHooks:
     """Version-2 prepare steps (deprecated): placement, precision, the strategy's `wrap_model`, compilation."""
 
-    name: Any
-    api_version: Any
+    if TYPE_CHECKING:  # declared by `Adapter` (a ClassVar there); named here for the methods below
+        name: ClassVar[str]
 
     def prepare_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """Version 2's `prepare_model` (deprecated): the walk's steps, in the adapter."""
@@ -48,7 +48,7 @@ class LegacyPrepareHooks:
 
     def compile_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """Version 2's compile step (deprecated): what the walk compiles, with the adapter's settings."""
-        from ..prepare.compile import compile_model, compile_settings
+        from ..prepare.wrappers import compile_model, compile_settings
 
         settings = compile_settings(ctx.adapter, ctx.dynamo_plugin)
         if settings is None or (ctx.strategy.compiles_model and not ctx.evaluation_mode):

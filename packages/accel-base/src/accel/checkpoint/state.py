@@ -25,7 +25,7 @@ import torch
 
 from ..distributed.tree import send_to_device
 from ..errors import CheckpointError
-from ..prepare.compile import strip_compile
+from ..prepare.wrappers import strip_compile
 from . import layout
 from .io import (
     hash_file,

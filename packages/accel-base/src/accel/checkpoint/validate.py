@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import CheckpointError
-from ..prepare.compile import unwrap_through
+from ..prepare.wrappers import unwrap_through
 from .io import hash_file, load_json, load_safetensors, load_torch
 from .layout import Located, file_name
 

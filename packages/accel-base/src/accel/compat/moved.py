@@ -37,7 +37,7 @@ MOVED: Mapping[str, str] = {
     "accel.checkpoint_io": "accel.checkpoint.io",
     "accel.checkpoint_layout": "accel.checkpoint.layout",
     "accel.checkpoint_validate": "accel.checkpoint.validate",
-    "accel.compile": "accel.prepare.compile",
+    "accel.compile": "accel.prepare.wrappers",
     "accel.prepare_group": "accel.prepare.group",
     "accel.prepared": "accel.prepare.prepared",
     "accel.config_file": "accel.settings.config_file",

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..prepare.compile import is_compiled_module
+from ..prepare.wrappers import is_compiled_module
 
 
 def extract_model_from_parallel(

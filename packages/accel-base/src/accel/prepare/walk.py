@@ -36,7 +36,6 @@ import torch
 from ..adapter.legacy import runs_own_prepare, warn_legacy
 from ..distributed.distributed_type import DistributedType
 from ..precision.base import precision_of
-from .compile import compile_model, compile_settings, unwrap_through
 from .context import RunContext
 from .group import (
     GroupIndex,
@@ -49,8 +48,14 @@ from .group import (
     kind_of,
     warn_detached_optimizers,
 )
-from .optimizer import AcceleratedOptimizer
-from .scheduler import AcceleratedScheduler, follow_replaced_optimizer
+from .wrappers import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    compile_model,
+    compile_settings,
+    follow_replaced_optimizer,
+    unwrap_through,
+)
 
 if TYPE_CHECKING:
     from ..adapter.base import Adapter
@@ -207,7 +212,7 @@ class PrepareWalk:
         """Prepare `objects` (any order) and return them prepared, in the order given."""
         run = self._context()
         run.strategy.validate_prepare(tuple(objects), run)
-        fresh = [None if is_prepared(o) else o for o in objects]
+        fresh: list[Any] = [None if is_prepared(o) else o for o in objects]
         # Paired by parameter identity before preparing changes any parameter.
         groups = group_objects(
             fresh,

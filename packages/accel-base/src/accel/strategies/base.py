@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..prepare.context import RunContext
     from ..prepare.group import PrepareGroup
     from ..prepare.prepared import Prepared
+    from .parallelism_config import MeshFacts
 
 
 REMOVED_STRATEGY_HOOKS: dict[str, str] = {
@@ -67,6 +68,20 @@ class Strategy:
         """`config`: the strategy's own configuration (`Accelerator(strategy_config=...)` or the plugin
         that selected it, e.g. `fsdp_plugin=`), None when the user gave none."""
         self.config = config
+
+    config_class: ClassVar[type[Any] | None] = None
+    """The class of the strategy's own configuration (its plugin dataclass), so config files and Accelerate's
+    settings (`accel.settings.strategy_config`) build it without the core importing the strategy's package."""
+
+    parallelism: Any = None
+    """The run's `ParallelismConfig` once `bind_parallelism` gave it one (None: plain data parallelism)."""
+    device_mesh: Any = None
+    """The run's device mesh once `bind_parallelism` gave it one (None on one process, or without one)."""
+
+    def learn_run(self, run: MeshFacts) -> None:
+        """Receive the run's facts (processes, device type, backend, precision, the adapter's capabilities) right
+        after the Accelerator builds the strategy, before anything is prepared: for a strategy asked for
+        something before `prepare` (DeepSpeed's ZeRO-3 config, read by transformers). Default: nothing."""
 
     def distributed_type(self, use_distributed: bool) -> DistributedType | None:
         """What `Accelerator.distributed_type` reports under this strategy.
@@ -131,7 +146,7 @@ class Strategy:
     compiles_model: ClassVar[bool] = False
     """Whether the strategy compiles the model itself, in `setup`, once its engine exists (e.g. DeepSpeed's
     `engine.compile`); then the walk leaves a model it wraps uncompiled. The strategy reads the settings with
-    `accel.prepare.compile.compile_settings(ctx.adapter, ctx.dynamo_plugin)`."""
+    `accel.prepare.wrappers.compile_settings(ctx.adapter, ctx.dynamo_plugin)`."""
 
     def validate_device_placement(self, device_placement: list[bool]) -> None:
         """Refuse a per-object `device_placement` list the strategy cannot honour (raise ValueError)."""
@@ -172,8 +187,8 @@ class Strategy:
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Runs before each real step of a prepared optimizer (the inner optimizer): for strategies that
-        reduce gradients themselves and must still reduce the ones a bare `loss.backward()` left (XLA's
-        xla_ddp). Not called unless overridden, so it costs nothing per step otherwise."""
+        reduce gradients themselves and must still reduce the ones a bare `loss.backward()` left (a
+        hardware's own data parallelism without a wrapper). Not called unless overridden, so it costs nothing per step otherwise."""
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """Run the backward pass of the (already scaled) loss; `sync` says whether this backward closes an

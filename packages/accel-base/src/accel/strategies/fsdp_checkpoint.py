@@ -26,7 +26,7 @@ from torch import nn
 from ..checkpoint import state as ckpt
 from ..checkpoint.validate import check_model_state, check_optimizer_state
 from ..errors import CheckpointError, UnsafeCheckpointError
-from ..prepare.compile import strip_compile
+from ..prepare.wrappers import strip_compile
 
 if TYPE_CHECKING:
     from ..prepare.prepared import Prepared, RunContext

@@ -398,7 +398,7 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
     builds the strategy, so `accelerator.torch_device_mesh` exists from construction on, as in Accelerate).
 
     `state` is the run's state (`num_processes`, `use_distributed`, `device`, `backend`, `mixed_precision`,
-    `adapter`): this module reads nothing global. A strategy with a `learn_run` hook gets these facts first (the
+    `adapter`): this module reads nothing global. Every strategy gets these facts first (`Strategy.learn_run`: the
     DeepSpeed strategy, which transformers may ask for its ZeRO-3 config before `prepare`). A strategy with a
     `build_mesh` hook (FSDP2) validates and builds its own N-D mesh, adopting `pc` if it has none. Any other
     strategy (DDP, ...) takes a replicate-only `pc` as it is, in its public `parallelism` and `device_mesh`
@@ -418,9 +418,7 @@ def bind_parallelism(strategy: Any, pc: ParallelismConfig | None, state: Any) ->
         backend=str(state.backend),
         mixed_precision=str(state.mixed_precision),
     )
-    learn = getattr(strategy, "learn_run", None)
-    if learn is not None:
-        learn(facts)
+    strategy.learn_run(facts)
     build = getattr(strategy, "build_mesh", None)
     if build is not None:
         build(facts, pc)

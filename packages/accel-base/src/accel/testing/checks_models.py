@@ -109,7 +109,7 @@ def unwrap_model(_: Path, mode: str) -> dict[str, Any]:
 
 @check("compile")
 def compile_(_: Path, __: str) -> dict[str, Any]:
-    from ..prepare.compile import is_compiled_module
+    from ..prepare.wrappers import is_compiled_module
 
     acc = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="default"))
     model = build_model()

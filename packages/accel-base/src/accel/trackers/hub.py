@@ -9,6 +9,7 @@ and "tensorboard" (event files through `torch.utils.tensorboard`); Accelerate's 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .base import GeneralTracker, JSONLTracker, TensorBoardTracker
@@ -53,9 +54,16 @@ class TrackerHub:
         TypeError: an item that is neither a name nor a tracker object.
     """
 
-    def __init__(self, log_with: Any, logging_dir: str | None, *, is_main_process: bool) -> None:
-        from ..compat.objects import adopt_tracker
-
+    def __init__(
+        self,
+        log_with: Any,
+        logging_dir: str | None,
+        *,
+        is_main_process: bool,
+        adopt: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """`adopt`: how an item that is not a name becomes a tracker (the Accelerator passes Accelerate's
+        rule, `accel.compat.objects.adopt_tracker`); None takes the object as it is."""
         if log_with is None:
             log_with = []
         elif isinstance(log_with, str) or not isinstance(log_with, (list, tuple)):
@@ -64,7 +72,7 @@ class TrackerHub:
         log_with = [
             item.value if isinstance(item, enum.Enum) and isinstance(item.value, str) else item for item in log_with
         ]
-        log_with = [item if isinstance(item, str) else adopt_tracker(item) for item in log_with]
+        log_with = [item if isinstance(item, str) or adopt is None else adopt(item) for item in log_with]
         if "all" in log_with:
             # Every registered tracker, except Accelerate's whose package is not installed.
             available = set(get_available_trackers())

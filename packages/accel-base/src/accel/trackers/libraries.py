@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import json
 import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..compat import imports
 from .base import GeneralTracker, TensorBoardTracker
 
 
@@ -316,4 +316,4 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
 
 def get_available_trackers() -> list[str]:
     """Names of Accelerate's trackers whose library is installed here."""
-    return [name for name in LOGGER_TYPE_TO_CLASS if getattr(imports, f"is_{name}_available")()]
+    return [name for name in LOGGER_TYPE_TO_CLASS if importlib.util.find_spec(name) is not None]

@@ -366,7 +366,7 @@ class DeepSpeedStrategy(Strategy):
     def _compile_engine(self, engine: Any, ctx: RunContext) -> None:
         """Compile the engine's module once DeepSpeed has built it, as Accelerate does: `engine.compile` with
         the run's backend and settings, or each repeated block in place under regional compilation."""
-        from ...prepare.compile import compile_kwargs, compile_regions_in_place, compile_settings
+        from ...prepare.wrappers import compile_kwargs, compile_regions_in_place, compile_settings
 
         plugin = compile_settings(ctx.adapter, ctx.dynamo_plugin)
         if plugin is None:
