@@ -162,12 +162,13 @@ def test_device_placement_list_and_a_second_model_are_refused_with_accelerates_m
 def _train_three_steps(mixed_precision: str) -> tuple[list[float], Any, Any, dict[str, torch.Tensor]]:
     import sys
 
-    from conftest import WORKERS, _reset
+    from accel.testing.pytest_plugin import reset_state
+    from conftest import WORKERS
 
     sys.path.insert(0, str(WORKERS))
     from resume import BATCH, SEQ, VOCAB, gpt_provider
 
-    _reset()
+    reset_state()
     plugin = MegatronPlugin()
     accelerator = Accelerator(megatron_lm_plugin=plugin, mixed_precision=mixed_precision)
     model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))

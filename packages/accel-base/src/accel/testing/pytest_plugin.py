@@ -26,7 +26,9 @@ from ..distributed.state import AcceleratorState, GradientState
 from .launching import run_launch
 
 
-def _reset_state() -> None:
+def reset_state() -> None:
+    """Forget `PartialState`, `AcceleratorState` and `GradientState` now (what `fresh_state` does around a test),
+    for a test that builds a second Accelerator of its own mid-way."""
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
 
@@ -42,9 +44,9 @@ def fresh_state() -> Iterator[None]:
         def fresh_state(fresh_state: None) -> None:
             pass
     """
-    _reset_state()
+    reset_state()
     yield
-    _reset_state()
+    reset_state()
 
 
 @pytest.fixture(scope="session")
