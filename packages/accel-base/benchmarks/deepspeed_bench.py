@@ -18,9 +18,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator
+from accel import Accelerator, DeepSpeedPlugin
 from accel.state import AcceleratorState, GradientState
-from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 

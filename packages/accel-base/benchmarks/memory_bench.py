@@ -23,8 +23,7 @@ import json
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator
-from accel.strategies.deepspeed.strategy import DeepSpeedPlugin
+from accel import Accelerator, DeepSpeedPlugin
 
 
 def live_tensor_bytes() -> int:

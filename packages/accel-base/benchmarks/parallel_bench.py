@@ -32,10 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from accel import Accelerator
-from accel.settings.kwargs import DistributedDataParallelKwargs
+from accel import Accelerator, DistributedDataParallelKwargs, ParallelismConfig
 from accel.state import AcceleratorState, GradientState
-from accel.strategies.parallelism_config import ParallelismConfig
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accel import Accelerator
-from accel.settings.kwargs import DistributedDataParallelKwargs
+from accel import Accelerator, DistributedDataParallelKwargs
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # What must match between accel's DDP and the raw one for the comparison to be about accel.
