@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -24,11 +23,24 @@ from ..adapter.base import Adapter
 from ..adapter.registry import select_adapter
 from ..errors import DistributedSetupError
 from ..precision.base import Precision
-from ..settings.env import EnvSettings, read_env
+from ..settings.env import EnvSettings
 from ..settings.kwargs import InitProcessGroupKwargs
 from ..settings.launch import LaunchInfo
 from .debug import check_collective
 from .distributed_type import DistributedType
+from .edge import build_env, member_miss, missing_member, register_edge
+from .gradient_state import GradientState
+
+__all__ = [
+    "AcceleratorState",
+    "GradientState",
+    "PartialState",
+    "is_initialized",
+    "member_miss",
+    "missing_member",
+    "partial_state_exists",
+    "register_edge",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,68 +63,12 @@ def _register_exit_hook() -> None:
         atexit.register(PartialState._destroy_at_exit)
 
 
-def _python_missing_member(owner: str, name: str) -> AttributeError:
-    return AttributeError(f"'{owner}' object has no attribute '{name}'")
-
-
-# What the edge installs (`register_edge`): the engine never imports `accel.compat`.
-_before_state: list[Callable[[], object]] = []
-_missing_member: Callable[[str, str], AttributeError] = _python_missing_member
-
-
-def register_edge(*, before: Callable[[], object], missing: Callable[[str, str], AttributeError]) -> None:
-    """Install the edge's hooks (`accel/__init__.py` does, so every `import accel.x` has them in place).
-
-    `before` runs, once per registration, ahead of every environment read by a state (`accel.compat` turns
-    `accelerate launch`'s ACCELERATE_* variables into accel's there); `missing` gives the error for a member
-    accel lacks (`accel.compat.table.missing_member` says why accel lacks an Accelerate member; without it,
-    Python's own message).
-    """
-    global _missing_member
-    if before not in _before_state:
-        _before_state.append(before)
-    _missing_member = missing
-
-
-def missing_member(owner: str, name: str) -> AttributeError:
-    """The error for reading `name` from `owner` ("PartialState", "Accelerator", ...) when it lacks it."""
-    return _missing_member(owner, name)
-
-
-def _build_env() -> EnvSettings:
-    """The environment, read after the edge's hooks ran (they may translate variables)."""
-    for hook in _before_state:
-        hook()
-    return read_env()
-
-
 def _reset_message(cls_name: str, name: str) -> str:
     """Accelerate's message for a state attribute read after `_reset_state()` (same text, same type)."""
     return (
         f"`{cls_name}` object has no attribute `{name}`. This happens if `{cls_name}._reset_state()` was called and "
         "an `Accelerator` or `PartialState` was not reinitialized."
     )
-
-
-def member_miss(obj: Any, owner: str, name: str) -> AttributeError:
-    """The error for `obj.name` that `owner`'s `__getattr__` raises (Python calls it only on a miss).
-
-    A property whose getter raised AttributeError lands here too: it is run again so that its own error
-    propagates (not one naming the property). Otherwise `compat_table.missing_member`: an Accelerate member accel
-    lacks says why and what to use; any other name gets Python's message, naming `owner`.
-    """
-    if name.startswith("__"):
-        return AttributeError(f"'{owner}' object has no attribute '{name}'")
-    attr = inspect.getattr_static(type(obj), name, None)
-    if isinstance(attr, property) and attr.fget is not None:
-        try:
-            attr.fget(obj)
-        except AttributeError as exc:
-            return exc
-    error = missing_member(owner, name)
-    if type(obj).__name__ != owner and type(error) is AttributeError:
-        return AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")  # a user's subclass
-    return error
 
 
 def is_initialized() -> bool:
@@ -178,7 +134,7 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
-        env = env or _build_env()
+        env = env or build_env()
         init_kwargs = init_kwargs or kwargs.pop("init_process_group_kwargs", None) or InitProcessGroupKwargs()
         emulate = env.emulate if emulate is None else emulate
         requested = "cpu" if cpu or env.use_cpu else (adapter or env.adapter)
@@ -538,7 +494,7 @@ class AcceleratorState:
                     "(tests) or create one Accelerator per process."
                 )
             return
-        env = env or _build_env()
+        env = env or build_env()
         self._partial = PartialState(
             cpu, adapter=adapter, emulate=emulate, init_kwargs=init_kwargs, adapter_options=adapter_options, env=env
         )
@@ -759,102 +715,3 @@ class AcceleratorState:
         AcceleratorState._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
-
-
-class GradientState:
-    """Gradient accumulation bookkeeping and the data loaders being iterated.
-
-    `sync_gradients` is True on steps where gradients are synchronised and the optimizer
-    really steps; `end_of_dataloader` is True while the last batch of the active loader is
-    in use; `remainder` is how many samples of the last gathered batch are real (-1 when
-    unknown or when nothing was padded).
-    """
-
-    _shared_state: dict[str, Any] = {}
-
-    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
-        self.__dict__ = self._shared_state
-        if not self.initialized:
-            self.sync_gradients = True
-            self.active_dataloader: Any = None
-            self.dataloader_references: list[Any] = [None]
-            self.plugin_kwargs: dict[str, Any] = {
-                "num_steps": 1,
-                "sync_with_dataloader": True,
-                "sync_each_batch": False,
-                "adjust_scheduler": True,
-            }
-            self._initialized = True
-        if gradient_accumulation_plugin is not None:
-            self.plugin_kwargs = {
-                "num_steps": gradient_accumulation_plugin.num_steps,
-                "sync_with_dataloader": gradient_accumulation_plugin.sync_with_dataloader,
-                "sync_each_batch": gradient_accumulation_plugin.sync_each_batch,
-                "adjust_scheduler": gradient_accumulation_plugin.adjust_scheduler,
-            }
-
-    @property
-    def initialized(self) -> bool:
-        return self._shared_state.get("_initialized", False)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached on a miss: an Accelerate member accel lacks says why (`compat_table.UNSUPPORTED_MEMBERS`).
-        raise member_miss(self, "GradientState", name)
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.plugin_kwargs["num_steps"])
-
-    @property
-    def sync_with_dataloader(self) -> bool:
-        return bool(self.plugin_kwargs["sync_with_dataloader"])
-
-    @property
-    def sync_each_batch(self) -> bool:
-        return bool(self.plugin_kwargs["sync_each_batch"])
-
-    @property
-    def adjust_scheduler(self) -> bool:
-        return bool(self.plugin_kwargs["adjust_scheduler"])
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        return bool(self.active_dataloader is not None and self.active_dataloader.end_of_dataloader)
-
-    @property
-    def remainder(self) -> int:
-        return int(self.active_dataloader.remainder) if self.active_dataloader is not None else -1
-
-    @property
-    def in_dataloader(self) -> bool:
-        return self.active_dataloader is not None
-
-    def set_sync_gradients(self, sync_gradients: bool) -> None:
-        """Whether this step synchronises gradients (the Accelerator decides, under `accumulate`)."""
-        self.sync_gradients = sync_gradients
-
-    def add_dataloader(self, dataloader: Any) -> None:
-        """A prepared loader starts iterating: it becomes the active one."""
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
-
-    def remove_dataloader(self, dataloader: Any) -> None:
-        """A prepared loader finished iterating: the one it interrupted (if any) is active again."""
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
-
-    # Accelerate's names (transformers' Trainer calls `_set_sync_gradients`).
-    _set_sync_gradients = set_sync_gradients
-    _add_dataloader = add_dataloader
-    _remove_dataloader = remove_dataloader
-
-    def __repr__(self) -> str:
-        return (
-            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
-            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
-        )
-
-    @staticmethod
-    def _reset_state() -> None:
-        GradientState._shared_state.clear()

@@ -171,6 +171,10 @@ def _legacy(adapter: Adapter) -> bool:
     return runs_own_prepare(type(adapter))
 
 
+_IDENTITY = ("parameters", "_replaced_optimizers", "_adapter_repointed", "_wrapped_by_adapter")
+"""The walk's identity bookkeeping: weak references to this process's objects, dropped when it is pickled."""
+
+
 class PrepareWalk:
     """The prepare walk of one Accelerator: what it prepared, and how optimizers follow replaced parameters.
 
@@ -197,10 +201,11 @@ class PrepareWalk:
         self._check_placement = check_placement
         self._scheduler_options = scheduler_options
         # Parameters that preparing a model replaced -> their replacements (optimizers are re-pointed).
-        self.parameters = ParameterMap()
-        self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        self._adapter_repointed: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._wrapped_by_adapter: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.parameters: ParameterMap
+        self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]]
+        self._adapter_repointed: weakref.WeakSet[Any]
+        self._wrapped_by_adapter: weakref.WeakSet[torch.nn.Module]
+        self._forget_identities()
 
     # ---- one call ----------------------------------------------------------------------------
     def prepare(
@@ -270,6 +275,24 @@ class PrepareWalk:
                 pass
         self.accumulation_steps = steps
         return result
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Identity bookkeeping (weak references to this process's objects) cannot be pickled and means nothing
+        # for the copy unpickling makes (a pickled Accelerator): it starts empty there.
+        state = dict(self.__dict__)
+        for key in _IDENTITY:
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._forget_identities()
+
+    def _forget_identities(self) -> None:
+        self.parameters = ParameterMap()
+        self._replaced_optimizers = {}
+        self._adapter_repointed = weakref.WeakSet()
+        self._wrapped_by_adapter = weakref.WeakSet()
 
     accumulation_steps: int | None = None
     """What the strategy's engine fixed the accumulation steps to in the last call (None: the user's)."""

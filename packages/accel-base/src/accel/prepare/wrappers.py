@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.distributed as dist
 
-from ..distributed.state import AcceleratorState, GradientState
+from ..distributed.gradient_state import GradientState
 from ..distributed.tree import send_to_device
 from ..errors import CompileNotSupportedError
 from ..precision.base import Precision
@@ -281,7 +282,8 @@ class AcceleratedScheduler:
             return
         if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
-        shards = self.num_data_shards or AcceleratorState().num_processes
+        # Accelerate's signature has no `num_data_shards`: built by hand, the wrapper counts every process.
+        shards = self.num_data_shards or (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
         times = 1 if self.split_batches else shards
         for _ in range(times):
             total = getattr(self.scheduler, "total_steps", None)
