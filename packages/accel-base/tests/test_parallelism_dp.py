@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from accel.adapter.cpu import CPUAdapter
+from accel.strategies.ddp import DDPStrategy
 from accel.strategies.fsdp import FSDP2Strategy
 from accel.strategies.parallelism_config import MeshFacts, ParallelismConfig, with_parallelism
 from conftest import launch
@@ -154,9 +155,14 @@ def _accel_sizes(kwargs: dict, n: int, fsdp: bool, monkeypatch: pytest.MonkeyPat
         pc = ParallelismConfig(**kwargs)
         monkeypatch.setattr(pc, "get_device_mesh", lambda device_type: f"mesh on {device_type}")
         name, config = with_parallelism(pc, "fsdp2" if fsdp else None, None)
-        strategy = FSDP2Strategy(config) if name == "fsdp2" else SimpleNamespace()
+        strategy = FSDP2Strategy(config) if name == "fsdp2" else DDPStrategy()
         state = SimpleNamespace(
-            num_processes=n, use_distributed=n > 1, device=SimpleNamespace(type="cpu"), adapter=CPUAdapter()
+            num_processes=n,
+            use_distributed=n > 1,
+            device=SimpleNamespace(type="cpu"),
+            adapter=CPUAdapter(),
+            backend="gloo",
+            mixed_precision="no",
         )
         bind_parallelism(strategy, pc, state)
         assert strategy.parallelism is pc
