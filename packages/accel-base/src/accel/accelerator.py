@@ -429,7 +429,7 @@ class Accelerator(AcceleratorCompatMixin):
         result = self._walk.prepare(
             args, placements, lambda loader, placement: self.prepare_data_loader(loader, device_placement=placement)
         )
-        steps = self._walk.accumulation_steps
+        steps = self.strategy.accumulation_steps()
         if steps is not None:  # an engine that fixes the count itself (DeepSpeed's config)
             self.gradient_accumulation_steps = steps
         return result[0] if len(result) == 1 else tuple(result)

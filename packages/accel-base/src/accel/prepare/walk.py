@@ -26,7 +26,6 @@ its steps) run it in place of step 3 and the strategy's `wrap_model` (`accel.ada
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,7 +43,6 @@ from .group import (
     group_objects,
     holds_parameters_of,
     is_prepared,
-    is_scheduler,
     kind_of,
     warn_detached_optimizers,
 )
@@ -219,16 +217,17 @@ class PrepareWalk:
         run.strategy.validate_prepare(tuple(objects), run)
         fresh: list[Any] = [None if is_prepared(o) else o for o in objects]
         # Paired by parameter identity before preparing changes any parameter.
+        kinds = [kind_of(o) for o in fresh]
+        kind = dict(zip(map(id, fresh), kinds))
         groups = group_objects(
             fresh,
-            is_model=lambda o: isinstance(o, torch.nn.Module),
-            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
-            is_scheduler=lambda o: o is not None and not isinstance(o, torch.optim.Optimizer) and is_scheduler(o),
+            is_model=lambda o: kind.get(id(o)) == "model",
+            is_optimizer=lambda o: kind.get(id(o)) == "optimizer",
+            is_scheduler=lambda o: kind.get(id(o)) == "scheduler",
         )
         default = self._placement_default()
-        run.adapter.before_prepare(list(objects), dataclasses.replace(run, device_placement=default))
+        run.adapter.before_prepare(list(objects), self._context(device_placement=default))
         result = list(objects)
-        kinds = [kind_of(o) for o in fresh]
         for i, obj in enumerate(fresh):
             if kinds[i] == "loader":
                 result[i] = prepare_loader(obj, placements[i])
@@ -253,8 +252,7 @@ class PrepareWalk:
         wrapped = self._wrap(result, kinds, placements)
         for i, obj in wrapped.items():
             result[i] = obj
-        steps = run.strategy.accumulation_steps()
-        run.adapter.after_prepare(result, dataclasses.replace(self._context(), device_placement=default))
+        run.adapter.after_prepare(result, self._context(device_placement=default))
         # Checked once everything is placed and re-pointed, on the optimizers this call wrapped as they were
         # given, except those paired with a model of this call by parameter identity: they train it by
         # construction, whatever the adapter's preparing then made of the two (a vendor may keep the
@@ -273,7 +271,6 @@ class PrepareWalk:
                 obj._is_accel_prepared = True
             except (AttributeError, TypeError):
                 pass
-        self.accumulation_steps = steps
         return result
 
     def __getstate__(self) -> dict[str, Any]:
@@ -294,9 +291,6 @@ class PrepareWalk:
         self._adapter_repointed = weakref.WeakSet()
         self._wrapped_by_adapter = weakref.WeakSet()
 
-    accumulation_steps: int | None = None
-    """What the strategy's engine fixed the accumulation steps to in the last call (None: the user's)."""
-
     # ---- one object alone --------------------------------------------------------------------
     def prepare_model(
         self, model: torch.nn.Module, placement: bool | None, evaluation_mode: bool = False
@@ -310,7 +304,7 @@ class PrepareWalk:
             # only in `prepare`.
             before = ParameterMap.snapshot(converted)
             converted = ctx.strategy.wrap_model(converted, ctx)
-            self._record(before, converted)
+            self._record(before, converted, ctx.strategy)
         prepared = compile_step(converted, ctx)
         self.prepared.models.append(prepared)
         return prepared
@@ -366,11 +360,10 @@ class PrepareWalk:
             check_on_device(converted, ctx)
         if ctx.adapter.repoints_paired_optimizers:
             self._adapter_repointed.update(paired)
-        self._record(before, converted)
+        self._record(before, converted, ctx.strategy)
         return converted
 
-    def _record(self, before: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
-        strategy = self._context().strategy
+    def _record(self, before: dict[str, torch.Tensor], model: torch.nn.Module, strategy: Any) -> None:
         if self.parameters.record(before, unwrap_through(model, strategy, keep_torch_compile=False)):
             # Optimizers prepared in an earlier call than their model follow it too.
             for wrapper in self.prepared.optimizers:
@@ -426,7 +419,7 @@ class PrepareWalk:
             if before is not None and new.model is not None:
                 # Parameters the strategy replaced (`fully_shard`'s DTensors): the group's optimizers it kept,
                 # and those prepared earlier, follow them.
-                self._record(before, new.model)
+                self._record(before, new.model, strategy)
                 for old, replacement in zip(group.optimizers, new.optimizers):
                     if replacement is old and old not in self._adapter_repointed:
                         self.parameters.repoint(old)
