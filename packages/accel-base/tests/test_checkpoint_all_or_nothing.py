@@ -128,7 +128,7 @@ import shutil
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from accel import FSDPConfig
-from accel.strategies.fsdp_checkpoint import _safe_reader
+from accel.checkpoint.dcp import safe_reader
 
 class Net(torch.nn.Module):
     def __init__(self):
@@ -171,7 +171,7 @@ def full_optimizer(directory):
 def rewrite_sharded(directory, folder, prefix, key):
     # The same entries, one of another shape, written as a one-process sharded checkpoint.
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    meta = _safe_reader(directory / folder).read_metadata().state_dict_metadata
+    meta = safe_reader(directory / folder).read_metadata().state_dict_metadata
     flat = {k[len(prefix) + 1:]: torch.zeros(v.size) for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
     flat[key] = torch.zeros(5, 8)
     shutil.rmtree(directory / folder)

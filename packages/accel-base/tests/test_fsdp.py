@@ -252,11 +252,11 @@ def test_precision_and_offload_policies() -> None:
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_sharded_metadata_with_code_is_refused(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
-    from accel.strategies.fsdp_checkpoint import _safe_reader
+    from accel.checkpoint.dcp import safe_reader
 
     good = tmp_path / "good"
     dcp.save({"w": torch.ones(2)}, checkpoint_id=str(good), no_dist=True)
-    assert _safe_reader(good).read_metadata().state_dict_metadata["w"].size == torch.Size([2])
+    assert safe_reader(good).read_metadata().state_dict_metadata["w"].size == torch.Size([2])
 
     marker = tmp_path / "ran"
 
@@ -268,7 +268,7 @@ def test_sharded_metadata_with_code_is_refused(tmp_path: Path) -> None:
     bad.mkdir()
     (bad / ".metadata").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(UnsafeCheckpointError, match=r"references pathlib.Path.touch|references pathlib"):
-        _safe_reader(bad).read_metadata()
+        safe_reader(bad).read_metadata()
     assert not marker.exists()
 
 

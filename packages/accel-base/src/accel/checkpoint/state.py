@@ -306,6 +306,13 @@ def load_state(
             "The schedulers, data loaders, registered objects and random states were restored; the models and "
             "optimizers are as that strategy's loader left them."
         ) from exc
+    if not handled and ctx.strategy.loads_checkpoint_models(prepared):
+        _undo(ctx, undo)
+        raise CheckpointError(
+            f"{what}: the {type(ctx.strategy).__name__} strategy said it loads the models and optimizers itself but "
+            "its loader loaded none (a loader that may decline must say so in loads_checkpoint_models). The schedulers, "
+            "data loaders, registered objects and random states were restored."
+        )
     if not handled:
         for model, sd in plan["models"]:
             ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=strict)

@@ -8,6 +8,7 @@ both would leave the live objects half-overwritten or silently wrong. These chec
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,16 @@ import torch
 
 from ..errors import CheckpointError
 from ..prepare.wrappers import unwrap_through
+from .dcp import SHARDED_NAME, model_folder, optimizer_folder, read_full
 from .io import hash_file, load_json, load_safetensors, load_torch
 from .layout import Located, file_name
+from .optimizer_keys import parameter_names, rekey
 
 if TYPE_CHECKING:
     from ..prepare.prepared import Prepared, RunContext
+
+# The files of the default layout, which a full-state-dict FSDP2 save writes too.
+_DEFAULT_NAME = re.compile(r"(model|optimizer)(_\d+)?\.(safetensors|bin)")
 
 
 def read_and_check(
@@ -44,23 +50,36 @@ def read_and_check(
     def torch_file(name: str, **kw: Any) -> Any:
         return load_torch(found.path(name), sha256=found.sha256(name), **kw)
 
-    if not custom:
-        for i, model in enumerate(prepared.models):
-            name = file_name("model", i, "safetensors")
-            if found.path(name).is_file():
-                sd = load_safetensors(found.path(name), sha256=found.sha256(name))
+    # A strategy that restores models and optimizers itself (FSDP2, DeepSpeed) reads them in its loader.
+    if not ctx.strategy.loads_checkpoint_models(prepared):
+        refuse_foreign_files(found, custom, type(ctx.strategy).__name__)
+        modules = [unwrap_through(model, ctx.strategy) for model in prepared.models]
+        for i, (model, module) in enumerate(zip(prepared.models, modules)):
+            # Any layout's weights come out whole: a sharded folder is read in full by this process.
+            if model_folder(i) in custom:
+                path = found.path(model_folder(i))
+                sd = read_sharded(path, "model")
+            elif found.path(file_name("model", i, "safetensors")).is_file():
+                path = found.path(file_name("model", i, "safetensors"))
+                sd = load_safetensors(path, sha256=found.sha256(path.name))
             else:
-                name = file_name("model", i, "bin")
-                sd = torch_file(name)
-            live = unwrap_through(model, ctx.strategy).state_dict()
-            check_model_state(live, sd, found.path(name), strict=strict)
+                path = found.path(file_name("model", i, "bin"))
+                sd = torch_file(path.name)
+            check_model_state(module.state_dict(), sd, path, strict=strict)
             plan["models"].append((model, sd))
         location = "cpu" if ctx.adapter.checkpoint_on_host else ctx.device
         for i, opt in enumerate(prepared.optimizers):
-            name = file_name("optimizer", i, "bin")
-            sd = torch_file(name, map_location=location)
-            check_optimizer_state(getattr(opt, "optimizer", opt), sd, found.path(name))
-            plan["optimizers"].append((opt, sd, found.path(name)))
+            inner = getattr(opt, "optimizer", opt)
+            if optimizer_folder(i) in custom:
+                path = found.path(optimizer_folder(i))
+                saved = read_sharded(path, "optimizer")
+            else:
+                path = found.path(file_name("optimizer", i, "bin"))
+                saved = torch_file(path.name, map_location=location)
+            # A sharded run saved the state keyed by parameter name; this run's optimizer numbers them.
+            sd = rekey(saved, inner, parameter_names(inner, modules), by_name=False, path=path)
+            check_optimizer_state(inner, sd, path)
+            plan["optimizers"].append((opt, sd, path))
     for i, sched in enumerate(prepared.schedulers):
         name = file_name("scheduler", i, "bin")
         state = torch_file(name)
@@ -84,6 +103,29 @@ def read_and_check(
         plan["rng"] = (torch_file(rng), found.path(rng))
         check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
     return plan
+
+
+def refuse_foreign_files(found: Located, custom: list[str], strategy: str) -> None:
+    """Raise unless every file a strategy wrote for itself is one any run reads (full or sharded weights)."""
+    foreign = [n for n in custom if not (_DEFAULT_NAME.fullmatch(n) or SHARDED_NAME.fullmatch(n))]
+    if foreign:
+        raise CheckpointError(
+            f"Checkpoint {found.directory} holds its models and optimizers in files the strategy that saved it "
+            f"wrote its own way ({', '.join(foreign[:4])}), which this run's {strategy} cannot read. Nothing was "
+            "loaded: load it under the strategy that saved it (accel merge-weights turns its weights into a file)."
+        )
+
+
+def read_sharded(folder: Path, kind: str) -> Any:
+    """The whole `kind` ("model" or "optimizer") of a sharded folder, read by this process alone."""
+    if not folder.is_dir():
+        raise CheckpointError(f"Checkpoint folder {folder} is missing. Nothing was loaded. Load an earlier checkpoint.")
+    state = read_full(folder)
+    if kind not in state:
+        raise CheckpointError(
+            f"Sharded checkpoint {folder} holds no {kind} state ({_brief(state)}). Nothing was loaded."
+        )
+    return state[kind]
 
 
 def warn_if_unverified(found: Located) -> None:

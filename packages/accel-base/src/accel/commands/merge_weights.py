@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,30 +58,14 @@ def read_dcp_model(folder: Path) -> dict[str, Any]:
     Raises:
         CheckpointError: damaged or incomplete shards. UnsafeCheckpointError: an item would run code.
     """
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from ..checkpoint.dcp import read_full
 
-    from ..strategies.fsdp_checkpoint import _dcp_load, _safe_reader
-
-    metadata = _safe_reader(folder).read_metadata()
-    target: dict[str, Any] = {}
-    for fqn, meta in metadata.state_dict_metadata.items():
-        if isinstance(meta, TensorStorageMetadata):
-            target[fqn] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    if not target:
-        raise CheckpointError(f"{folder} holds no tensors: is it a model checkpoint?")
-    nested: dict[str, Any] = {}
-    for fqn, tensor in target.items():
-        # save_state writes {"model": state_dict}: dcp flattens it to "model.<name>".
-        head, _, name = fqn.partition(".")
-        nested.setdefault(head, {})[name] = tensor
-    with warnings.catch_warnings():  # loading in one process, without a group, is the point here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        _dcp_load(nested, folder)
-    model = nested.get("model")
-    if model is None:
-        raise CheckpointError(f"{folder} is an optimizer checkpoint; merge the model's (pytorch_model_fsdp_0/)")
-    return dict(model)
+    # save_state writes {"model": state_dict}.
+    state = read_full(folder)
+    if "model" not in state:
+        what = "an optimizer checkpoint" if "optimizer" in state else "not a model checkpoint"
+        raise CheckpointError(f"{folder} is {what}; merge the model's (pytorch_model_fsdp_0/)")
+    return dict(state["model"])
 
 
 def read_deepspeed_model(directory: Path) -> dict[str, Any]:

@@ -237,3 +237,10 @@ class Strategy:
     def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         """Restore what `save_checkpoint_state` wrote; False lets `accel.checkpoint` load its defaults."""
         return False
+
+    def loads_checkpoint_models(self, prepared: Prepared) -> bool:
+        """Whether `load_checkpoint_state` restores the prepared models and optimizers itself, from whichever
+        layout saved them, so that `load_state` does not read them; otherwise `load_state` loads them, from
+        the default files or sharded (torch.distributed.checkpoint) folders, and refuses any other strategy's.
+        By default: whether the strategy defines its own `load_checkpoint_state`."""
+        return type(self).load_checkpoint_state is not Strategy.load_checkpoint_state

@@ -2,30 +2,28 @@
 
 Full: gathered onto the main process (`torch.distributed.checkpoint.state_dict` with
 `full_state_dict=True, cpu_offload=True`) and written as `model.safetensors` and
-`optimizer.bin`, the same files as an unsharded run. Sharded: every process writes its
-shards with `torch.distributed.checkpoint` into `pytorch_model_fsdp_<i>/` and
-`optimizer_<i>/`. Loading looks at what is on disk, so either kind loads under either
-setting.
-
-torch.distributed.checkpoint reads its `.metadata` with plain `pickle.load` and its
-non-tensor items with `torch.load(weights_only=False)`; both are replaced here by
-restricted readers, so a crafted checkpoint cannot run code (the rule of
-`accel.checkpoint`).
+`optimizer.bin`, the same files as an unsharded run (the optimizer's state keyed by parameter
+name). Sharded: every process writes its shards with `torch.distributed.checkpoint` into
+`pytorch_model_fsdp_<i>/` and `optimizer_<i>/` (read through `accel.checkpoint.dcp`'s
+restricted readers, at any world size). Loading looks at what is on disk, so either kind, or a
+checkpoint of one process or DDP, loads under either setting; a run that does not shard reads
+them all in `accel.checkpoint.validate`.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..checkpoint import layout
 from ..checkpoint import state as ckpt
-from ..checkpoint.validate import check_model_state, check_optimizer_state
-from ..errors import CheckpointError, UnsafeCheckpointError
+from ..checkpoint.dcp import load_into, model_folder, optimizer_folder, saved_entries
+from ..checkpoint.optimizer_keys import parameter_names, rekey
+from ..checkpoint.validate import check_model_state, check_optimizer_state, read_sharded
+from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
 
 if TYPE_CHECKING:
@@ -99,7 +97,7 @@ def save_models_and_optimizers(
     files: list[str] = []
     for i, model in enumerate(prepared.models):
         if sharded and _is_fsdp(model):
-            name = f"pytorch_model_fsdp_{i}"
+            name = model_folder(i)
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / name))
         else:
             name = _file("model", i, "safetensors" if safe_serialization else "bin")
@@ -113,7 +111,7 @@ def save_models_and_optimizers(
         inner = _inner(opt)
         owner = _owner(inner, prepared.models)
         if owner is not None and sharded:
-            name = f"optimizer_{i}"
+            name = optimizer_folder(i)
             dcp.save({"optimizer": get_optimizer_state_dict(owner, inner)}, checkpoint_id=str(directory / name))
         else:
             name = _file("optimizer", i, "bin")
@@ -162,53 +160,61 @@ def _read_and_check(prepared: Prepared, directory: Path, strict: bool) -> dict[s
 
     plan: dict[str, Any] = {"models": [], "optimizers": []}
     shapes: dict[int, dict[str, Any]] = {}
+    hashes = _hashes_to_check(directory)
     for i, model in enumerate(prepared.models):
         module = strip_compile(model)
         # Sharded: the live shards themselves (DTensors; `.shape` is the global shape), no copy.
         live = get_model_state_dict(module)
         shapes[id(model)] = live
-        folder = directory / f"pytorch_model_fsdp_{i}"
+        folder = directory / model_folder(i)
         if folder.is_dir() and _is_fsdp(model):
-            saved = _saved_tensors(folder, "model.")
+            saved = saved_entries(folder, "model.")
             check_model_state(live, saved, folder / ".metadata", strict=strict)
             plan["models"].append(
                 {"model": model, "folder": folder, "live": {k: v for k, v in live.items() if k in saved}}
             )
             continue
         path = directory / _file("model", i, "safetensors")
-        if not path.is_file():
+        if folder.is_dir():  # a model this run does not shard: its weights read whole
+            path, state_dict = folder, read_sharded(folder, "model")
+        elif not path.is_file():
             path = directory / _file("model", i, "bin")
-            state_dict = ckpt.load_torch(path)
+            state_dict = ckpt.load_torch(path, sha256=hashes.get(path.name))
         else:
-            state_dict = ckpt.load_safetensors(path)
+            state_dict = ckpt.load_safetensors(path, sha256=hashes.get(path.name))
         check_model_state(live, state_dict, path, strict=strict)
         plan["models"].append({"model": model, "state": state_dict})
     for i, opt in enumerate(prepared.optimizers):
         inner = _inner(opt)
         owner = _owner(inner, prepared.models)
-        folder = directory / f"optimizer_{i}"
+        folder = directory / optimizer_folder(i)
         entry = {"opt": opt, "inner": inner, "owner": owner}
         if owner is not None and folder.is_dir():
-            _check_sharded_optimizer(_saved_tensors(folder, "optimizer.state."), shapes[id(owner)], folder)
+            _check_sharded_optimizer(saved_entries(folder, "optimizer.state."), shapes[id(owner)], folder)
             plan["optimizers"].append({**entry, "folder": folder})
             continue
-        path = directory / _file("optimizer", i, "bin")
-        state = ckpt.load_torch(path, map_location="cpu")
+        if folder.is_dir():
+            path, saved = folder, read_sharded(folder, "optimizer")
+        else:
+            path = directory / _file("optimizer", i, "bin")
+            saved = ckpt.load_torch(path, map_location="cpu", sha256=hashes.get(path.name))
+        # FSDP2 loads a full optimizer state keyed by parameter name, a plain optimizer one keyed by position;
+        # the checkpoint may hold either (saved sharded or full, or by one process or DDP).
+        modules = [strip_compile(owner)] if owner is not None else [strip_compile(m) for m in prepared.models]
+        state = rekey(saved, inner, parameter_names(inner, modules), by_name=owner is not None, path=path)
         check_optimizer_state(inner, state, path)
         plan["optimizers"].append({**entry, "state": state})
     return plan
 
 
-def _saved_tensors(folder: Path, prefix: str) -> dict[str, Any]:
-    """The entries under `prefix` of a sharded checkpoint's metadata: tensors as meta tensors of the saved shape."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = _safe_reader(folder).read_metadata()
-    return {
-        key[len(prefix) :]: torch.empty(item.size, device="meta") if isinstance(item, TensorStorageMetadata) else item
-        for key, item in metadata.state_dict_metadata.items()
-        if key.startswith(prefix)
-    }
+def _hashes_to_check(directory: Path) -> dict[str, str]:
+    """The recorded SHA-256 of each default file (a checkpoint of one process or DDP): `load_state` verifies
+    only the files a strategy wrote itself (once, spread over the ranks), and this loader reads the rest."""
+    found = layout.locate(directory)
+    if found is None:
+        return {}
+    own = set(found.manifest.get("strategy_files", []))
+    return {name: sha for name, sha in found.hashes.items() if name not in own}
 
 
 def _check_sharded_optimizer(saved: dict[str, Any], params: dict[str, Any], folder: Path) -> None:
@@ -246,12 +252,12 @@ def _read_shards(plan: dict[str, Any]) -> None:
     for entry in plan["models"]:
         if "folder" in entry:
             target = {"model": _copy(entry.pop("live"))}
-            _dcp_load(target, entry["folder"])
+            load_into(target, entry["folder"])
             entry["state"] = target["model"]
     for entry in plan["optimizers"]:
         if "folder" in entry:
             target = {"optimizer": _copy(get_optimizer_state_dict(entry["owner"], entry["inner"]))}
-            _dcp_load(target, entry["folder"])
+            load_into(target, entry["folder"])
             entry["state"] = target["optimizer"]
 
 
@@ -271,102 +277,3 @@ def _apply(ctx: RunContext, plan: dict[str, Any], strict: bool) -> None:
             set_optimizer_state_dict(
                 entry["owner"], entry["inner"], entry["state"], options=_options(full_state_dict=full)
             )
-
-
-# ---- torch.distributed.checkpoint without unrestricted pickle -------------------------------
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
-_METADATA_GLOBALS = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Rebuilds only the plain records torch.distributed.checkpoint writes in `.metadata`."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
-        ):
-            return getattr(torch, name)
-        if module in _METADATA_MODULES:
-            found = super().find_class(module, name)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
-        raise UnsafeCheckpointError(
-            f"Refusing to load the sharded checkpoint metadata: it references {module}.{name}, which a "
-            "torch.distributed.checkpoint metadata file never contains and which could run code. Nothing was run."
-        )
-
-
-def _safe_reader(path: Path) -> Any:
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-
-    class SafeFileSystemReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-            rank = kwargs.get("rank")
-            meta_path = path / (".metadata" if rank is None else f"__{rank}.metadata")
-            if not meta_path.is_file():
-                raise CheckpointError(f"Sharded checkpoint {path} has no metadata file ({meta_path.name}).")
-            with open(meta_path, "rb") as f:
-                try:
-                    metadata = _MetadataUnpickler(f).load()
-                except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-                    raise CheckpointError(f"{meta_path} is truncated or corrupted ({exc}).") from exc
-            if not isinstance(metadata, Metadata):
-                raise CheckpointError(f"{meta_path} is not torch.distributed.checkpoint metadata.")
-            storage_meta = metadata.storage_meta or StorageMeta()
-            storage_meta.load_id = self.load_id
-            metadata.storage_meta = storage_meta
-            return metadata
-
-    return SafeFileSystemReader(str(path))
-
-
-def _safe_planner() -> Any:
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class SafeLoadPlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            try:
-                obj = torch.load(value, weights_only=True)
-            except pickle.UnpicklingError as exc:
-                raise UnsafeCheckpointError(
-                    f"Refusing to load item {read_item.dest_index.fqn!r} of a sharded checkpoint: it needs "
-                    f"arbitrary code to unpickle. Nothing in it was run. ({str(exc).splitlines()[0]})"
-                ) from exc
-            # The parent unpickles without restriction; hand it a stream re-serialised from
-            # the already verified object, so what it reads is only what was just allowed.
-            clean = io.BytesIO()
-            torch.save(obj, clean)
-            clean.seek(0)
-            super().load_bytes(read_item, clean)
-
-    return SafeLoadPlanner()
-
-
-def _dcp_load(target: dict[str, Any], folder: Path) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        dcp.load(target, storage_reader=_safe_reader(folder), planner=_safe_planner())
-    except CheckpointException as exc:
-        errors = [failure[0] for failure in exc.failures.values()]
-        unsafe = [e for e in errors if isinstance(e, UnsafeCheckpointError)]
-        if unsafe:
-            raise unsafe[0] from exc
-        first = errors[0] if errors else exc
-        raise CheckpointError(
-            f"Sharded checkpoint {folder} could not be read ({type(first).__name__}: {first}); "
-            "it is incomplete or corrupted, or was saved from a different model."
-        ) from exc

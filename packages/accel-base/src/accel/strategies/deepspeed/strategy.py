@@ -486,6 +486,9 @@ class DeepSpeedStrategy(Strategy):
             tags.append(tag)
         return tags
 
+    def loads_checkpoint_models(self, prepared: Prepared) -> bool:
+        return bool(self.engines)
+
     def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         if not self.engines:
             return False
