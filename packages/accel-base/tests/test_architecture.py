@@ -144,6 +144,7 @@ HOOKS = [
     "clip_grad_norm_",
     "save_checkpoint_state",
     "load_checkpoint_state",
+    "loads_checkpoint_models",
 ]
 
 
