@@ -140,6 +140,23 @@ for source in ("one", "ddp", "full", "sharded"):
         if acc.is_main_process:
             assert_same(got, want, f"{source} -> {layout}")
         train(acc, model, opt, 1)  # the loaded state steps on
+
+# FSDP2 reads a DDP checkpoint's files itself: they are verified against their SHA-256 all the same.
+import shutil
+from accel import CheckpointError
+if acc.is_main_process:
+    shutil.copytree(out / "ddp", out / "changed")
+    changed = torch.load(out / "changed" / "optimizer.bin")
+    changed["param_groups"][0]["lr"] = 0.5
+    torch.save(changed, out / "changed" / "optimizer.bin")
+acc.wait_for_everyone()
+acc, model, opt = make("full", seed=1)
+try:
+    acc.load_state(out / "changed")
+    raise AssertionError("a changed optimizer.bin loaded")
+except CheckpointError as exc:
+    assert "optimizer.bin does not match the SHA-256" in str(exc), exc
+assert not opt.optimizer.state and opt.optimizer.param_groups[0]["lr"] == 1e-2
 acc.print("CROSS OK")
 """
 )
