@@ -7,8 +7,9 @@ checkpoint is loaded into a fresh, differently initialised run of every layout, 
 weights and optimizer state (exp_avg, exp_avg_sq, step, the groups' hyperparameters) must equal
 the saving run's bitwise. The saving run's state is read with torch's own state-dict functions,
 keyed by parameter name; the 2-rank layouts save and load in one launch, the one-process layout
-in the test process before and after it. A checkpoint that does not fit is refused, naming it,
-with the live run unchanged.
+in the test process before and after it (and FSDP2 on one process, which shards nothing, reads
+the 2-rank FSDP2 checkpoints). A checkpoint that does not fit, or was changed after saving, is
+refused, naming it, with the live run unchanged.
 """
 
 from __future__ import annotations
@@ -191,6 +192,13 @@ def test_every_layout_loads_into_every_layout(write_script, tmp_path: Path) -> N
         acc.load_state(tmp_path / source)
         assert_same(snapshot(acc, model, opt, "one"), torch.load(tmp_path / f"{source}.ref.pt"), f"{source} -> one")
         train(acc, model, opt, 1)
+
+    # FSDP2 on one process shards nothing: its loader reads a sharded checkpoint of 2 ranks whole.
+    for source in ("full", "sharded"):
+        acc, model, opt = make("sharded", seed=1)
+        acc.load_state(tmp_path / source)
+        want = torch.load(tmp_path / f"{source}.ref.pt")
+        assert_same(snapshot(acc, model, opt, "one"), want, f"{source} -> FSDP2 on one process")
 
     # A model the sharded checkpoint does not fit: refused, naming its folder, nothing loaded.
     acc, model, opt = make("one", seed=1, extra=True)
