@@ -1,9 +1,10 @@
 """The built site in a real browser: at 1280 px every table fits the page and no name in a table breaks mid-word.
 
-Headless Chromium (Debian's `chromium` and `chromium-driver`, driven by selenium) opens a few built
-pages at a 1280 px wide viewport and measures the DOM: each table's right edge against the content
-column's, and, for every `code` element in a table that spans lines, the characters on either side of
-each line break (a break between two non-blank characters splits a word). A screenshot of each page,
+Headless Chromium (Debian's `chromium` and `chromium-driver`, driven by selenium) opens the built API
+reference pages that have tables, the command line page and the Accelerate compatibility page at a
+1280 px wide viewport and measures the DOM: each table's right edge against the content column's, and,
+for every `code` element in a table that spans lines, the characters on either side of each line break
+(letters, digits, "_" or "-" on both sides: the break splits a word). A screenshot of each page,
 scrolled to its widest table, goes to `ACCEL_DOCS_SHOTS` as evidence.
 
 `nox -s docs` builds the site, installs the browser and runs this file with `ACCEL_DOCS_SITE` set to the
@@ -24,9 +25,18 @@ SITE = os.environ.get("ACCEL_DOCS_SITE")
 pytestmark = pytest.mark.skipif(not SITE, reason="ACCEL_DOCS_SITE (a built site) is unset; `nox -s docs` sets it")
 
 WIDTH, HEIGHT = 1280, 900
-# The API reference page with the widest parameter tables, and the pages whose tables hold long flags and
-# class names.
-PAGES = ["api/accelerator", "api/configuration", "api/trackers", "cli", "accelerate_compat"]
+
+
+def pages() -> list[str]:
+    """Every API reference page with a table (the parameter tables), and the pages whose tables hold long
+    flags and class names."""
+    api = []
+    if SITE:
+        built = Path(SITE).resolve()
+        found = (p for p in sorted((built / "api").glob("*/index.html")) if "<table" in p.read_text())
+        api = [p.parent.relative_to(built).as_posix() for p in found]
+    return [*api, "cli", "accelerate_compat"]
+
 
 # Runs in the page: a list of findings, each one a table that overflows or a name broken mid-word.
 MEASURE = """
@@ -102,14 +112,14 @@ def browser() -> Iterator[Any]:
     chrome.quit()
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", pages())
 def test_tables_fit_at_1280px_and_names_break_only_between_words(browser: Any, page: str) -> None:
     assert SITE is not None
     index = Path(SITE).resolve() / page / "index.html"
     assert index.is_file(), f"{index} is missing: build the site first (mkdocs build)"
     browser.get(index.as_uri())
     assert browser.execute_script("return document.querySelectorAll('article table').length") > 0, (
-        f"{page} has no table left to check: pick another page for PAGES"
+        f"{page} has no table left to check: pick another page in pages()"
     )
     found = browser.execute_script(MEASURE)
     shots = os.environ.get("ACCEL_DOCS_SHOTS")
