@@ -188,9 +188,7 @@ def main() -> None:
         g = torch.Generator().manual_seed(accelerator.process_index)
         x = torch.randn(args.batch, hidden, generator=g)
         y = torch.randn(args.batch, 1, generator=g)
-        variants = build_variants(
-            accelerator, base, args.keep_grads, args.explicit_bucket, args.diagnose, args.reduce
-        )
+        variants = build_variants(accelerator, base, args.keep_grads, args.explicit_bucket, args.diagnose, args.reduce)
         names = list(variants)
         times: dict[str, list[float]] = {name: [] for name in names}
         per_round: dict[str, list[float]] = {name: [] for name in names}
