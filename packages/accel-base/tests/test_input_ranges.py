@@ -46,6 +46,10 @@ LAUNCHER = "; it comes from the launcher (torchrun, accel launch, srun, mpirun):
             "LOCAL_RANK: expected an integer from 0 to 1 (this process's index on its node), got '2'",
         ),
         (
+            {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"},
+            "LOCAL_RANK: expected an integer >= 0 (this process's index on its node), got '-1'",
+        ),
+        (
             {"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "70000"},
             "MASTER_PORT: expected an integer from 1 to 65535 (a TCP port), got '70000'",
         ),
@@ -75,6 +79,11 @@ def test_master_addr_that_is_no_host_is_named(addr: str) -> None:
 @pytest.mark.parametrize("addr", ["10.0.0.1", "::1", "[fe80::1]", "node-07.cluster.local", "gpu_node3", "localhost"])
 def test_real_hosts_pass(addr: str) -> None:
     assert read_env({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": addr}).launch.master_addr == addr
+
+
+def test_local_rank_alone_may_pick_a_device() -> None:
+    # Without LOCAL_WORLD_SIZE only a negative LOCAL_RANK is known wrong: one process may be pinned to device 3.
+    assert read_env({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "3"}).launch.local_rank == 3
 
 
 def test_one_process_run_ignores_the_rendezvous_variables() -> None:

@@ -74,7 +74,6 @@ def _count(name: str, text: str, low: int, high: int | None = None, meaning: str
 
 
 def _ranks(
-    env: Mapping[str, str],
     world: tuple[str, str],
     rank: tuple[str, str],
     local: tuple[str, str] | None,
@@ -88,7 +87,12 @@ def _ranks(
         if local_size
         else world_size
     )
-    local_rank = _count(*local, 0, local_world - 1, meaning=" (this process's index on its node)") if local else 0
+    if local is None:
+        local_rank = 0
+    elif local_size is None:  # only its sign is known wrong: one process may pick a device by LOCAL_RANK alone
+        local_rank = _count(*local, 0, meaning=" (this process's index on its node)")
+    else:
+        local_rank = _count(*local, 0, local_world - 1, meaning=" (this process's index on its node)")
     return world_size, global_rank, local_rank, local_world
 
 
@@ -133,7 +137,6 @@ def parse_launch(env: Mapping[str, str]) -> LaunchInfo:
 
     if "WORLD_SIZE" in env and "RANK" in env:
         world, rank, local, local_world = _ranks(
-            env,
             ("WORLD_SIZE", env["WORLD_SIZE"]),
             ("RANK", env["RANK"]),
             _first(env, "LOCAL_RANK"),
@@ -153,7 +156,7 @@ def parse_launch(env: Mapping[str, str]) -> LaunchInfo:
     slurm_rank = _first(env, "SLURM_PROCID")
     if slurm_world is not None and slurm_rank is not None:
         world, rank, local, local_world = _ranks(
-            env, slurm_world, slurm_rank, _first(env, "SLURM_LOCALID"), _first(env, "SLURM_NTASKS_PER_NODE")
+            slurm_world, slurm_rank, _first(env, "SLURM_LOCALID"), _first(env, "SLURM_NTASKS_PER_NODE")
         )
         return LaunchInfo(
             world_size=world, rank=rank, local_rank=local, local_world_size=local_world, launcher="slurm", **where()
@@ -161,7 +164,6 @@ def parse_launch(env: Mapping[str, str]) -> LaunchInfo:
     mpi_world = _first(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
     if mpi_world is not None:
         world, rank, local, local_world = _ranks(
-            env,
             mpi_world,
             _first(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK") or ("RANK", "0"),
             _first(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"),
