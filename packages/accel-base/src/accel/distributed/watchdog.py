@@ -166,7 +166,9 @@ class Watchdog:
             elif note["group"] != ranks or note["seq"] != call.seq or note["op"] != call.op:
                 missing.append(f"rank {rank} (waits in `{note['op']}` #{note['seq']} at {note['site']})")
         who = (
-            f"not arrived: {', '.join(missing)}" if missing else "every rank has arrived (the backend itself is stuck)"
+            f"not arrived: {', '.join(missing)}"
+            if missing
+            else "every rank has arrived (the transfer itself is slow or stuck)"
         )
         return (
             f"rank {self.rank} {how} in `{call.op}` (accel collective #{call.seq}) at {format_site(*call.site)}; {who}"
