@@ -27,20 +27,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SHIM_DIR = Path(__file__).parent / "compat" / "_accelerate_shim"
-"""Directory holding the `accelerate` package that installs the alias; put it first on PYTHONPATH."""
+from .compat.borrowed import SHIM_DIR, real_accelerate_dir
+
+__all__ = ["SHIM_DIR", "install", "main", "real_accelerate_dir"]
 
 _FIXTURE_PACKAGES = ("accelerate.test_utils",)
-
-
-def real_accelerate_dir() -> Path | None:
-    """Where the real `accelerate` package is installed (None if it is not)."""
-    shim = str(SHIM_DIR.resolve())
-    paths = [p for p in sys.path if p and Path(p).resolve().as_posix() != shim]
-    spec = importlib.machinery.PathFinder.find_spec("accelerate", paths)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 class _ModuleView(ModuleType):
@@ -71,6 +62,18 @@ class _ModuleView(ModuleType):
             value = value if borrowed is NOTHING else borrowed
         setattr(self, name, value)
         return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds `accelerate.utils.tqdm` (the submodule) as `tqdm` on its parent; in
+        # Accelerate the function re-exported under that name wins, so it must here too.
+        if isinstance(value, ModuleType) and value.__name__ == f"{self.__name__}.{name}":
+            try:
+                existing = self.__getattr__(name)
+            except AttributeError:
+                existing = None
+            if existing is not None and not isinstance(existing, ModuleType):
+                return
+        super().__setattr__(name, value)
 
     def __dir__(self) -> list[str]:
         return dir(self._target)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.machinery
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,7 +34,6 @@ HELPER_MODULES: dict[str, str] = {
     "utils.constants": "Accelerate's constant names and values",
     "utils.dataclasses": "enums and helpers accel has no counterpart for (CustomDtype, get_module_class_from_name)",
     "utils.deepspeed": "HfDeepSpeedConfig (a parsed DeepSpeed config) and DeepSpeedSchedulerWrapper",
-    "utils.fsdp_utils": "module and parameter lookups (get_parameters_from_modules)",
     "utils.imports": "availability probes of libraries accel has no adapter answer for",
     "utils.environment": "environment and interconnect probes accel has no adapter answer for",
     "utils.versions": "version comparisons",
@@ -44,6 +45,12 @@ HELPER_MODULES: dict[str, str] = {
 """Accelerate modules (relative to `accelerate`) whose names may be borrowed, with what they hold.
 A module and its submodules; nothing else of Accelerate is ever executed under the alias."""
 
+HELPER_NAMES: dict[str, frozenset[str]] = {
+    "utils.fsdp_utils": frozenset({"get_parameters_from_modules", "get_module_children_bottom_up"}),
+}
+"""Modules of which only some names are helpers: the rest (saving and loading FSDP checkpoints) is
+accel's concern, done by its FSDP strategy, and stays accel's stand-in that says so."""
+
 _LOADED: dict[str, ModuleType] = {}
 
 
@@ -54,15 +61,25 @@ class _Nothing:
 NOTHING = _Nothing()
 
 
-def _real_dir() -> Path | None:
-    from ..as_accelerate import real_accelerate_dir
-
-    return real_accelerate_dir()
+SHIM_DIR = Path(__file__).parent / "_accelerate_shim"
+"""Directory holding the `accelerate` package that installs the alias; put it first on PYTHONPATH."""
 
 
-def is_helper(module: str) -> bool:
-    """Whether `module` (`accelerate.x.y`) is one of `HELPER_MODULES` or inside one."""
+def real_accelerate_dir() -> Path | None:
+    """Where the real `accelerate` package is installed (None if it is not)."""
+    shim = str(SHIM_DIR.resolve())
+    paths = [p for p in sys.path if p and Path(p).resolve().as_posix() != shim]
+    spec = importlib.machinery.PathFinder.find_spec("accelerate", paths)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def is_helper(module: str, name: str) -> bool:
+    """Whether `module.name` (`module` as `accelerate.x.y`, where Accelerate defines the name) may be borrowed."""
     rest = module.removeprefix("accelerate").lstrip(".")
+    if name in HELPER_NAMES.get(rest, ()):
+        return True
     return any(rest == h or rest.startswith(h + ".") for h in HELPER_MODULES)
 
 
@@ -90,7 +107,7 @@ def home_of(module: str, name: str) -> tuple[str, str] | None:
     """Where Accelerate defines `module.name`: `(defining module, name there)`, following a package's
     re-exports (`accelerate.utils.DeepSpeedSchedulerWrapper` -> `accelerate.utils.deepspeed`). None when
     Accelerate is not installed or has no such module."""
-    root = _real_dir()
+    root = real_accelerate_dir()
     if root is None:
         return None
     for _ in range(4):  # accelerate -> utils -> utils.x: re-exports are at most a few levels deep
@@ -113,7 +130,9 @@ def _load(module: str, root: Path) -> ModuleType:
         return _LOADED[module]
     source = _source(root, module)
     spec = importlib.util.spec_from_file_location(
-        module, source, submodule_search_locations=[str(source.parent)] if source and source.name == "__init__.py" else None
+        module,
+        source,
+        submodule_search_locations=[str(source.parent)] if source and source.name == "__init__.py" else None,
     )
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load Accelerate's `{module}` from {source}", name=module)
@@ -133,8 +152,8 @@ def borrow(module: str, name: str) -> Any:
     if name.startswith("__"):
         return NOTHING
     home = home_of(module, name)
-    root = _real_dir()
-    if home is None or root is None or not is_helper(home[0]):
+    root = real_accelerate_dir()
+    if home is None or root is None or not is_helper(home[0], home[1]):
         return NOTHING
     loaded = _load(home[0], root)
     return getattr(loaded, home[1], NOTHING)
