@@ -308,9 +308,14 @@ def bench(session: nox.Session) -> None:
 def compat(session: nox.Session) -> None:
     """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
     numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current;
-    and a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back."""
+    a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back; and with
+    Accelerate installed, every `accelerate` name transformers, peft and trl import resolves under the alias,
+    and their Trainer, a LoRA model and an SFT trainer give Accelerate's numbers on accel."""
     install_base(session, "tensorboard")  # Accelerate's LoggerType.TENSORBOARD is driven by accel's tracker
-    session.install("accelerate==1.15.0", "transformers>=4.50", "pytest", "pytest-timeout", TORCH)
+    # peft, trl and datasets: the Hugging Face stack run through the alias (test_hf_imports, test_hf_trainer).
+    session.install(
+        "accelerate==1.15.0", "transformers>=4.50", "peft", "trl", "datasets", "pytest", "pytest-timeout", TORCH
+    )
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
     # accel-base tests that compare against Accelerate or train a transformers model skip in the
     # quick session; here both are installed (their own conftest, so a run of their own).
