@@ -161,7 +161,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             f"Checkpoint file {path} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, "
             f"got {_describe(hashes)}. Load an earlier checkpoint."
         )
-    names = [*manifest.get("files", []), *manifest.get("rng_files", []), *manifest.get("strategy_files", []), *hashes]
+    names = [*hashes, *manifest.get("files", []), *manifest.get("rng_files", []), *manifest.get("strategy_files", [])]
     escaping = next((n for n in names if not safe_name(n)), None)
     if escaping is not None:
         raise CheckpointError(

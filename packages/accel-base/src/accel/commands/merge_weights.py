@@ -7,13 +7,18 @@ CHECKPOINT_DIR is a folder `save_state` wrote under FSDP2 with SHARDED_STATE_DIC
 under DeepSpeed ZeRO (its engine checkpoint; needs deepspeed). The merged weights go to
 `OUTPUT_DIR/model.safetensors`. Runs on one CPU process and needs memory for the whole model.
 Sharded checkpoints are read with the same restricted readers as `load_state`: nothing in
-them can run code.
+them can run code. Every file is checked to be a regular file before it is opened (a FIFO or
+device in a shard's place is refused by name), tensor sizes in the metadata must fit the shard
+files, an existing merged file is never overwritten, and with `--remove_checkpoint_dir` only the
+files it read are deleted (never its own output: an output folder inside the checkpoint folder
+is refused before anything is read).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
+import stat
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
         "--remove_checkpoint_dir",
         "--remove-checkpoint-dir",
         action="store_true",
-        help="delete the checkpoint folder once the merged file is written",
+        help="delete the files it merged (and the folder, once empty) after the merged file is written",
     )
     return p
 
@@ -53,22 +58,30 @@ def _dcp_folder(directory: Path) -> Path | None:
     return None
 
 
-def read_dcp_model(folder: Path) -> dict[str, Any]:
+def read_dcp_model(folder: Path, read: list[Path] | None = None) -> dict[str, Any]:
     """The full model state dict of a torch.distributed.checkpoint folder, on the CPU, in one process.
 
+    Appends every file it reads to `read`.
+
     Raises:
-        CheckpointError: damaged or incomplete shards. UnsafeCheckpointError: an item would run code.
+        CheckpointError: damaged or incomplete shards, a shard that is not a regular file, or tensor
+            sizes the shard files cannot hold. UnsafeCheckpointError: an item would run code.
     """
     import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from ..strategies.fsdp_checkpoint import _dcp_load, _safe_reader
 
+    _regular(folder / ".metadata")
     metadata = _safe_reader(folder).read_metadata()
+    files = _shard_files(folder, metadata)
+    if read is not None:
+        read += [folder / ".metadata", *(path for path, _ in files)]
+    budget = sum(size for _, size in files) if not _transformed(metadata) else None
     target: dict[str, Any] = {}
     for fqn, meta in metadata.state_dict_metadata.items():
         if isinstance(meta, TensorStorageMetadata):
-            target[fqn] = torch.empty(meta.size, dtype=meta.properties.dtype)
+            target[fqn] = _empty(folder, fqn, meta, budget, torch)
     if not target:
         raise CheckpointError(f"{folder} holds no tensors: is it a model checkpoint?")
     nested: dict[str, Any] = {}
@@ -83,6 +96,63 @@ def read_dcp_model(folder: Path) -> dict[str, Any]:
     if model is None:
         raise CheckpointError(f"{folder} is an optimizer checkpoint; merge the model's (pytorch_model_fsdp_0/)")
     return dict(model)
+
+
+def _regular(path: Path) -> int:
+    """`path`'s size, once it is known to be a regular file (a FIFO would block the reader forever)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise CheckpointError(f"Sharded checkpoint file {path} cannot be read ({exc.strerror}).") from None
+    if not stat.S_ISREG(st.st_mode):
+        from ..checkpoint.io import describe_type
+
+        raise CheckpointError(
+            f"Sharded checkpoint file {path} is {describe_type(st.st_mode)}, not a regular file; nothing was read. "
+            "Put the shard file there, or merge another checkpoint."
+        )
+    return st.st_size
+
+
+def _shard_files(folder: Path, metadata: Any) -> list[tuple[Path, int]]:
+    """The data files the metadata points into, each checked (inside `folder`, regular) with its size."""
+    names = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
+    files = []
+    for name in names:
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise CheckpointError(
+                f"{folder / '.metadata'} points at {str(name)[:200]!r}, which is not a file in {folder}; nothing was "
+                "read. The metadata is corrupted."
+            )
+        files.append((folder / name, _regular(folder / name)))
+    return files
+
+
+def _transformed(metadata: Any) -> bool:
+    """Whether any item was stored through an extension (compressed): its stored size says nothing of its own."""
+    return any(getattr(info, "transform_descriptors", None) for info in (metadata.storage_data or {}).values())
+
+
+def _empty(folder: Path, fqn: str, meta: Any, budget: int | None, torch: Any) -> Any:
+    """An empty tensor for `meta`, refused when its size is impossible (the shard files hold fewer bytes)."""
+    shape = tuple(meta.size)
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise CheckpointError(f"{folder / '.metadata'} records tensor {fqn!r} with shape {shape}: it is corrupted.")
+    nbytes = meta.properties.dtype.itemsize
+    for n in shape:
+        nbytes *= n
+    if budget is not None and nbytes > budget:
+        raise CheckpointError(
+            f"{folder / '.metadata'} records tensor {fqn!r} of shape {shape} ({nbytes} bytes), more than its shard "
+            f"files hold ({budget} bytes): the metadata is corrupted. Nothing was merged."
+        )
+    try:
+        return torch.empty(shape, dtype=meta.properties.dtype)
+    except (RuntimeError, MemoryError) as exc:
+        raise CheckpointError(
+            f"Cannot hold tensor {fqn!r} of shape {shape} ({nbytes} bytes) in memory to merge it "
+            f"({str(exc).splitlines()[0][:200]}). Merge on a machine with more memory."
+        ) from None
 
 
 def read_deepspeed_model(directory: Path) -> dict[str, Any]:
@@ -111,16 +181,40 @@ def merge_weights(
 ) -> Path:
     """Merge the sharded model weights in `checkpoint_dir` into `output_path/model.safetensors`.
 
-    Returns the written file. Raises `UsageError` for a folder that holds no sharded
-    checkpoint (saying what it expected), `CheckpointError` for damaged shards.
+    Returns the written file. With `remove_checkpoint_dir`, afterwards deletes the files it read
+    (an accel checkpoint's manifest first, so that what remains never passes for a complete
+    checkpoint) and every folder that empties; anything else in the folder is kept, and named.
+
+    Raises:
+        UsageError: a folder that holds no sharded checkpoint (saying what it expected), an existing
+            output file, an output folder inside the checkpoint folder with `remove_checkpoint_dir`.
+        CheckpointError: damaged shards, a shard that is not a regular file.
     """
     directory, output = Path(checkpoint_dir), Path(output_path)
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a folder")
+    target = output / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
+    if remove_checkpoint_dir and output.resolve().is_relative_to(directory.resolve()):
+        raise UsageError(
+            f"--remove_checkpoint_dir with an output_path inside the checkpoint folder ({output} is in {directory}) "
+            "would delete the merged file with the checkpoint. Nothing was done; choose an output_path outside it"
+        )
+    if os.path.lexists(target):
+        raise UsageError(
+            f"{target} already exists: merge-weights does not overwrite it. Move it, or choose another output_path"
+        )
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"output_path {output} is a file, not a folder. Choose another output_path")
     folder = _dcp_folder(directory)
+    read: list[Path] = []
     if folder is not None:
-        state = read_dcp_model(folder)
+        _verify_against_manifest(directory, folder.glob("*"))
+        state = read_dcp_model(folder, read)
     elif any(directory.glob("*/*model_states.pt")):
+        read = sorted(directory.glob("*/*_states.pt"))
+        for path in read:
+            _regular(path)
+        _verify_against_manifest(directory, read)
         state = read_deepspeed_model(directory)
     elif (directory / "model.safetensors").is_file():
         raise UsageError(f"{directory} holds full weights already (model.safetensors): there is nothing to merge")
@@ -130,19 +224,59 @@ def merge_weights(
             "(FSDP2, SHARDED_STATE_DICT), a torch.distributed.checkpoint folder (.metadata), or a DeepSpeed one"
         )
     output.mkdir(parents=True, exist_ok=True)
-    if safe_serialization:
-        from safetensors.torch import save_file
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        if safe_serialization:
+            from safetensors.torch import save_file
 
-        target = output / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in state.items()}, str(target), metadata={"format": "pt"})
-    else:
-        import torch
+            save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
+        else:
+            import torch
 
-        target = output / "pytorch_model.bin"
-        torch.save(state, target)
+            torch.save(state, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     if remove_checkpoint_dir:
-        shutil.rmtree(directory)
+        _remove_read(directory, read)
     return target
+
+
+def _verify_against_manifest(directory: Path, paths: Any) -> None:
+    """Where `directory` is an accel checkpoint, each shard must match the SHA-256 its manifest records."""
+    from ..checkpoint.io import hash_file
+    from ..checkpoint.layout import locate
+
+    found = locate(directory)
+    if found is None:
+        return
+    for path in sorted(paths):
+        recorded = found.sha256(path.relative_to(directory).as_posix())
+        if recorded is not None and hash_file(found.path(path.relative_to(directory).as_posix())) != recorded:
+            raise CheckpointError(
+                f"Sharded checkpoint file {path} does not match the SHA-256 its checkpoint's manifest records: it is "
+                "truncated or corrupted. Nothing was merged."
+            )
+
+
+def _remove_read(directory: Path, read: list[Path]) -> None:
+    """Delete the files merged (an accel manifest first), then each folder they leave empty; say what stays."""
+    from ..checkpoint.layout import MANIFEST
+
+    (directory / MANIFEST).unlink(missing_ok=True)  # what remains is no longer a complete checkpoint
+    for path in read:
+        path.unlink(missing_ok=True)  # a link goes as a link
+    for parent in sorted({p.parent for p in read}, key=lambda p: len(p.parts), reverse=True):
+        for folder in [parent, *parent.parents]:
+            if not folder.is_relative_to(directory) or folder.is_symlink() or any(folder.iterdir()):
+                break
+            folder.rmdir()
+    if directory.exists():
+        kept = sorted(p.name for p in directory.iterdir())
+        print(
+            f"accel merge-weights: kept {directory}: it holds files merge-weights did not read "
+            f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''}); delete them yourself if you no longer need them"
+        )
 
 
 def merge_weights_command(argv: Sequence[str]) -> int:
