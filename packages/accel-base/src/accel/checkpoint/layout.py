@@ -38,14 +38,12 @@ import shutil
 import stat
 import warnings
 import zipfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
 from .io import describe_type, load_json, save_json
-from .lock import LOCK_NAMES, CheckpointLocks
 
 MANIFEST = "accel_checkpoint.json"
 STAGING = ".accel-staging"
@@ -57,7 +55,6 @@ TMP_SUFFIX = ".accel-tmp"
 OLD_SUFFIX = ".accel-old"
 """Suffix of the sibling directory those releases left when killed between their two renames."""
 FORMAT_VERSION = 2
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Names accel writes into a checkpoint that Accelerate's save_state writes too (or an accel
 # checkpoint whose manifest was lost leaves): `seal` replaces such a file when it holds a checkpoint.
@@ -207,25 +204,6 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
         return False
 
 
-def list_checkpoints(project_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """Complete automatic checkpoints under `<project_dir>/checkpoints`, oldest first."""
-    root = Path(project_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = _CHECKPOINT_RE.match(entry.name)
-        if m and entry.is_dir() and is_complete(entry):
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
-
-
-def checkpoint_number(directory: str | os.PathLike[str]) -> int | None:
-    """N for an automatic checkpoint directory `checkpoint_N`, else None."""
-    m = _CHECKPOINT_RE.match(Path(directory).name)
-    return int(m.group(1)) if m else None
-
-
 def _sibling(directory: Path, suffix: str) -> Path:
     """`<directory><suffix>` beside it (absolute, so that "." has a name)."""
     directory = directory.absolute()
@@ -282,13 +260,13 @@ def recover(final: Path, *, strict: bool = False) -> None:
     which needs the name) it raises a `CheckpointError` naming it. Call holding the files lock.
     """
     staging = final / STAGING
-    if interrupted(final) and _ours(staging):
+    if interrupted(final) and ours(staging):
         _move_up(staging, final, _read_manifest(staging / MANIFEST))
     for debris in (staging, final / REPLACED):
         if not os.path.lexists(debris):
             continue
-        if _ours(debris):
-            _remove_entry(debris)
+        if ours(debris):
+            remove_entry(debris)
         elif strict:
             raise CheckpointError(
                 f"save_state cannot use {final}: {debris} is in the way. accel keeps its staging files under that "
@@ -401,69 +379,7 @@ def new_manifest(files: list[str], rng_files: list[str], hashes: dict[str, str],
     return {"format": FORMAT_VERSION, **extra, "files": files, "rng_files": rng_files, "sha256": hashes}
 
 
-def prune(project_dir: str | os.PathLike[str], total_limit: int, keep: Iterable[Path] = ()) -> None:
-    """Delete the oldest automatic checkpoints beyond `total_limit` (only the files accel wrote).
-
-    A `checkpoint_<n>` that is a symbolic link is neither counted nor deleted (deleting would
-    reach through it), with a `UserWarning` naming it.
-    """
-    keep = {Path(p) for p in keep}
-    found = [p for _, p in list_checkpoints(project_dir) if p not in keep]
-    linked = [p for p in found if p.is_symlink()]
-    if linked:
-        warnings.warn(
-            f"Checkpoint rotation (total_limit) skips {', '.join(str(p) for p in linked)}: a symbolic link, and accel "
-            "never deletes through a link. Remove the link yourself, or put the checkpoint's folder in its place.",
-            UserWarning,
-            stacklevel=3,
-        )
-    existing = [p for p in found if p not in linked]
-    excess = len(existing) + len(keep) - total_limit
-    for path in existing[: max(0, excess)]:
-        remove_checkpoint(path)
-
-
-def remove_checkpoint(directory: Path) -> None:
-    """Remove the files of the checkpoint at `directory` (manifest first), and the directory if that empties it.
-
-    Takes the directory's locks: a checkpoint a save is writing into is kept (with a `UserWarning`),
-    and a load still reading one is waited for. Links are removed as links, never followed.
-
-    Raises:
-        CheckpointError: `directory` is a symbolic link, or a load held it for `lock.WAIT_SECONDS`.
-    """
-    if directory.is_symlink():
-        raise CheckpointError(f"{directory} is a symbolic link: accel does not delete a checkpoint through a link.")
-    locks = CheckpointLocks(directory, "removing an old checkpoint")
-    try:
-        try:
-            locks.save.take(exclusive=True, what=locks.what, wait=False)
-        except CheckpointError:
-            warnings.warn(f"Kept checkpoint {directory}: a save into it is in progress.", UserWarning, stacklevel=4)
-            return
-        locks.save.note_holder(locks.what)
-        locks.change_files()
-        found = locate(directory)
-        if found is None:
-            return
-        (directory / MANIFEST).unlink(missing_ok=True)
-        for name in owned_names(found.manifest):
-            _remove_entry(directory / name)
-        for name in (STAGING, REPLACED):
-            if _ours(directory / name):
-                _remove_entry(directory / name)
-    finally:
-        locks.release()
-    if not any(p.name not in LOCK_NAMES for p in directory.iterdir()):
-        for name in LOCK_NAMES:
-            (directory / name).unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError:
-            pass  # a lock file another process just created: that process's directory now
-
-
-def _remove_entry(path: Path) -> None:
+def remove_entry(path: Path) -> None:
     """Remove a file, a link (never what it points to) or a directory tree (whose links rmtree never follows)."""
     if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
         path.unlink()
@@ -476,7 +392,7 @@ def _make_own(path: Path) -> None:
     (path / MARKER).write_text("made by accel: a save's staging directory, removed when the save ends\n")
 
 
-def _ours(path: Path) -> bool:
+def ours(path: Path) -> bool:
     """Whether `path` is a directory accel made here (its marker, a finished staging's manifest, or empty)."""
     if path.is_symlink() or not path.is_dir():
         return False

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -172,7 +173,10 @@ def _wait_for(fd: int, op: int, deadline: float, directory: Path, what: str) -> 
 def holder(directory: Path) -> str:
     """Who holds `directory`'s save lock, as its holder recorded it ("another process" when unknown)."""
     try:
-        info = json.loads((directory / SAVE_LOCK).read_text())
+        # Non-blocking, and only a regular file: whatever sits at that name must not stall a message.
+        fd = os.open(directory / SAVE_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            info = json.loads(f.read(4096)) if stat.S_ISREG(os.fstat(fd).st_mode) else {}
         since = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
         return f"pid {int(info['pid'])} on host {info['host']} ({info['what']}, since {since})"
     except (OSError, ValueError, KeyError, TypeError):

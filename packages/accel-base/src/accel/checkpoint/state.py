@@ -38,17 +38,9 @@ from .io import (
     write_model_files,
     write_weights,
 )
-from .layout import (
-    MANIFEST,
-    OLD_SUFFIX,
-    TMP_SUFFIX,
-    checkpoint_number,
-    file_name,
-    is_complete,
-    list_checkpoints,
-    prune,
-)
+from .layout import MANIFEST, OLD_SUFFIX, TMP_SUFFIX, file_name, is_complete
 from .lock import CheckpointLocks
+from .rotation import checkpoint_number, list_checkpoints, prune
 from .validate import read_and_check, warn_if_unverified
 
 if TYPE_CHECKING:
