@@ -178,3 +178,16 @@ def test_an_impossible_tensor_size_in_the_metadata_is_refused(sharded: Path, tmp
     with pytest.raises(CheckpointError, match=rf"records tensor '{fqn}' of shape \(1099511627776, 1048576\)"):
         merge_weights(copy, tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_accelerates_merge_fsdp_weights_refuses_an_output_it_would_delete(sharded: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from accel.compat.other import merge_fsdp_weights
+
+    copy = tmp_path / "pytorch_model_fsdp_0"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
+    before = sorted(p.name for p in copy.iterdir())
+    with pytest.raises(ValueError, match=r"would delete the merged file with the checkpoint\. Nothing was done"):
+        merge_fsdp_weights(str(copy), str(copy / "merged"), remove_checkpoint_dir=True)
+    assert sorted(p.name for p in copy.iterdir()) == before
