@@ -148,3 +148,26 @@ def test_a_save_waits_for_another_process_then_fails_naming_it(tmp_path: Path, m
     s.accelerator.save_state(directory)
     s.accelerator.load_state(directory)
     assert not (directory / SAVE_LOCK).exists()
+
+
+def test_rotation_keeps_a_checkpoint_a_load_is_still_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel import ProjectConfiguration
+    from accel.checkpoint.lock import CheckpointLocks
+
+    s = Setup()
+    s.accelerator.project_configuration = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=1
+    )
+    first = Path(s.accelerator.save_state())
+    files = sorted(p.name for p in first.iterdir())
+    reading = CheckpointLocks(first, "load_state(elsewhere)")
+    reading.for_reading()  # another load, still reading the oldest checkpoint
+    monkeypatch.setattr(lock, "WAIT_SECONDS", 0.3)
+    try:
+        with pytest.warns(UserWarning, match=r"Kept checkpoint .*checkpoint_0: .*is in use by"):
+            s.accelerator.save_state()
+        assert sorted(p.name for p in first.iterdir() if p.name != ".accel-files.lock") == files
+    finally:
+        reading.release()
+    s.accelerator.save_state()  # the reader is gone: rotation removes both older ones
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_2"]

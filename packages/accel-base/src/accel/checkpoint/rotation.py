@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .layout import MANIFEST, REPLACED, STAGING, is_complete, locate, ours, owned_names, remove_entry
-from .lock import LOCK_NAMES, CheckpointLocks
+from .lock import CheckpointLocks
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 
@@ -64,11 +64,12 @@ def prune(project_dir: str | os.PathLike[str], total_limit: int, keep: Iterable[
 def remove_checkpoint(directory: Path) -> None:
     """Remove the files of the checkpoint at `directory` (manifest first), and the directory if that empties it.
 
-    Takes the directory's locks: a checkpoint a save is writing into is kept (with a `UserWarning`),
-    and a load still reading one is waited for. Links are removed as links, never followed.
+    Takes the directory's locks: a checkpoint a save is writing into is kept, and so is one a load
+    still reads after `lock.WAIT_SECONDS` (each with a `UserWarning`, never an error: rotation runs on
+    the main process only, and must not leave the others waiting). Links are removed as links.
 
     Raises:
-        CheckpointError: `directory` is a symbolic link, or a load held it for `lock.WAIT_SECONDS`.
+        CheckpointError: `directory` is a symbolic link.
     """
     if directory.is_symlink():
         raise CheckpointError(f"{directory} is a symbolic link: accel does not delete a checkpoint through a link.")
@@ -76,11 +77,11 @@ def remove_checkpoint(directory: Path) -> None:
     try:
         try:
             locks.save.take(exclusive=True, what=locks.what, wait=False)
-        except CheckpointError:
-            warnings.warn(f"Kept checkpoint {directory}: a save into it is in progress.", UserWarning, stacklevel=4)
+            locks.save.note_holder(locks.what)
+            locks.change_files()
+        except CheckpointError as exc:
+            warnings.warn(f"Kept checkpoint {directory}: {exc}", UserWarning, stacklevel=4)
             return
-        locks.save.note_holder(locks.what)
-        locks.change_files()
         found = locate(directory)
         if found is None:
             return
@@ -90,12 +91,8 @@ def remove_checkpoint(directory: Path) -> None:
         for name in (STAGING, REPLACED):
             if ours(directory / name):
                 remove_entry(directory / name)
+        locks.release()  # an exclusive holder removes the lock files: then nothing of accel's is left
+        if not any(directory.iterdir()):
+            directory.rmdir()
     finally:
         locks.release()
-    if not any(p.name not in LOCK_NAMES for p in directory.iterdir()):
-        for name in LOCK_NAMES:
-            (directory / name).unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError:
-            pass  # a lock file another process just created: that process's directory now
