@@ -112,21 +112,14 @@ def test_remove_checkpoint_dir(sharded: Path, tmp_path: Path) -> None:
     assert (tmp_path / "merged" / "model.safetensors").is_file() and not copy.exists()
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "accel.cli", "merge-weights", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
 def test_an_output_inside_the_checkpoint_with_remove_is_refused_before_anything(sharded: Path, tmp_path: Path) -> None:
     import shutil
 
     copy = tmp_path / "ckpt"
     shutil.copytree(sharded / "ckpt", copy)
     before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
-    proc = _cli(str(copy), str(copy / "merged"), "--remove_checkpoint_dir")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "would delete the merged file with the checkpoint" in proc.stderr and "wrote" not in proc.stdout
+    with pytest.raises(UsageError, match=r"would delete the merged file with the checkpoint\. Nothing was done"):
+        merge_weights(copy, copy / "merged", remove_checkpoint_dir=True)
     assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before
 
 
@@ -155,14 +148,15 @@ def test_a_fifo_in_a_shards_place_is_refused_without_blocking(sharded: Path, tmp
     import os
     import shutil
 
+    from test_checkpoint_paths import _within
+
     copy = tmp_path / "shards"
     shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
     shard = next(copy.glob("*.distcp"))
     shard.unlink()
     os.mkfifo(shard)
-    proc = _cli(str(copy), str(tmp_path / "out"), timeout=60)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"{shard.name} is a FIFO, not a regular file" in proc.stderr
+    error = _within(30, lambda: merge_weights(copy, tmp_path / "out"), fifo=shard)
+    assert isinstance(error, CheckpointError) and f"{shard.name} is a FIFO, not a regular file" in str(error), error
 
 
 def test_an_impossible_tensor_size_in_the_metadata_is_refused(sharded: Path, tmp_path: Path) -> None:
