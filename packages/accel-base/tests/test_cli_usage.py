@@ -113,7 +113,7 @@ def test_cpu_default_is_one_process_and_says_so(script: Path) -> None:
     proc = accel("launch", "--cpu", str(script))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("trained") == 1
-    assert "accel launch: 1 process (the cpu adapter counts no devices); --num-processes N" in proc.stderr
+    assert "accel launch: starting 1 process (no devices counted; --num-processes N sets the number)" in proc.stderr
 
 
 def test_default_process_count_is_the_vendor_modules_device_count(tmp_path: Path, monkeypatch) -> None:

@@ -245,6 +245,8 @@ def launch(argv: Sequence[str]) -> int:
     parser = launch_parser(argv)
     args = resolve(parser.parse_args(list(argv)), parser)  # config file, hardware, checks
     os.environ.update(worker_env(args))
+    if not args.quiet:  # on stderr: the script's stdout stays its own
+        print(args.start_line, file=sys.stderr, flush=True)
     if args.quiet:
         import logging
 
