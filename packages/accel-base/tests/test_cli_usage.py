@@ -103,7 +103,7 @@ def test_worker_failure_shows_its_traceback_once_with_the_rank(tmp_path: Path) -
     assert proc.returncode == 1
     assert proc.stderr.count("RuntimeError: boom on one") == 1, proc.stderr[-3000:]
     # The summary names the user's script (not accel's worker bootstrap) and points at the traceback.
-    summary = proc.stderr[proc.stderr.index("accel launch: ") :]
+    summary = proc.stderr[proc.stderr.index(f"accel launch: {bad}") :]
     assert summary.startswith(f"accel launch: {bad} failed:"), summary
     assert "rank 1: exit code 1 (its traceback is above)" in summary
     assert "worker_bootstrap" not in summary and "pytorch.org" not in summary

@@ -45,12 +45,13 @@ class CliParser(argparse.ArgumentParser):
         """The known flags closest to each unknown one in an "unrecognized arguments" message ("" if none)."""
         if not message.startswith("unrecognized arguments: "):
             return ""
-        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
-        guesses = []
+        known = {flag[2:]: flag for flag in self._option_string_actions if flag.startswith("--")}
+        guesses: list[str] = []
         for word in message.removeprefix("unrecognized arguments: ").split():
-            if word.startswith("--"):
-                close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.8)
-                guesses += [c for c in close if c not in guesses]
+            name = word.split("=", 1)[0][2:] if word.startswith("--") else ""
+            if len(name) >= 5:  # a typo of a longer name; `--tpu` is a vendor's flag, not a typo of `--cpu`
+                close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.85)
+                guesses += [known[c] for c in close if known[c] not in guesses]
         return " or ".join(guesses)
 
 

@@ -51,9 +51,11 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
         if file_values.get("strategy") not in (None, asked):
             file_values.pop("strategy_kwargs", None)
         file_values.pop("strategy", None)
+    args.from_file = set()  # what the file filled: a variable the user already set wins over it (worker_env)
     for dest, value in file_values.items():
         if dest != "strategy_kwargs" and getattr(args, dest, None) in (None, False):
             setattr(args, dest, value)
+            args.from_file.add(dest)
     _accelerate_machines(args)
     if args.cpu and args.adapter not in (None, "cpu"):
         raise UsageError(f"--cpu and --adapter {args.adapter} ask for different hardware; give one of them")

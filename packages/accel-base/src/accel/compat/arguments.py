@@ -252,8 +252,6 @@ def _warn_code_over_launcher(
     for name, code, variable, launched in pairs:
         if code is None or launched is None or _same(code, launched):
             continue
-        if name == "emulate" and code is True:
-            continue
         shown = name if "(" in name else f"{name}={code!r}"
         if name == "InitProcessGroupKwargs(timeout=)":
             shown = f"InitProcessGroupKwargs(timeout={code:g}s)"
