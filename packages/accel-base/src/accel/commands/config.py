@@ -19,6 +19,8 @@ from typing import Any
 
 from ..compat.config_file import accelerate_launch_defaults
 from ..settings.config_file import (
+    PRECISIONS,
+    RDZV_BACKENDS,
     AccelConfig,
     ConfigError,
     default_config_path,
@@ -88,23 +90,53 @@ def _given(ns: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _choices(name: str, kind: str) -> list[str]:
+    """The answers a question accepts, shown with it (empty: free text)."""
+    from ..adapter import registry
+
+    if name == "mixed_precision":
+        return list(PRECISIONS)
+    if name == "rdzv_backend":
+        return list(RDZV_BACKENDS)
+    if name == "adapter":
+        return sorted(registry.installed_adapters())
+    if name == "strategy":
+        return sorted(n for n, r in registry.strategy_records().items() if r.ok)
+    if kind == "bool":
+        return ["yes", "no"]
+    return []
+
+
 def _ask(config: AccelConfig, skip: set[str]) -> AccelConfig:
-    """Plain prompts, one per key; Enter keeps the value shown in brackets."""
+    """Plain prompts, one per key, each showing its choices; Enter keeps the value shown in brackets.
+
+    Each answer is checked as it is given (alone, then with the answers before it): a bad one is said
+    in one line and asked again, so no answer is lost to another's mistake.
+    """
     values = dataclasses.asdict(config)
     for f in dataclasses.fields(AccelConfig):
         if f.name in skip:
             continue
-        current = values[f.name]
-        shown = json.dumps(current) if isinstance(current, dict) else current
+        choices = _choices(f.name, _kind(f))
+        listed = f" ({'/'.join(choices)})" if choices else ""
         while True:
-            answer = input(f"{field_docs().get(f.name, f.name)}\n  {f.name} [{shown}]: ").strip()
+            current = values[f.name]
+            shown = json.dumps(current) if isinstance(current, dict) else current
+            answer = input(f"{field_docs().get(f.name, f.name)}\n  {f.name}{listed} [{shown}]: ").strip()
             if not answer:
                 break
             try:
-                values[f.name] = _parse_value(_kind(f), answer)
-                break
+                candidate = {**values, f.name: _parse_value(_kind(f), answer)}
+                AccelConfig(**candidate).validate()
+            except ConfigError as exc:
+                if str(exc).startswith(f"{f.name}:"):  # this answer is wrong, not a later key's default
+                    print(f"  {exc}; try again", file=sys.stderr)
+                    continue
             except ValueError as exc:
                 print(f"  {exc}; try again", file=sys.stderr)
+                continue
+            values = candidate
+            break
     return AccelConfig(**values)
 
 
