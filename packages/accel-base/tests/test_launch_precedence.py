@@ -21,7 +21,7 @@ from accel.cli import _launch_parser, worker_env
 from accel.commands.launch_resolve import resolve
 from accel.compat import env as accelerate_env
 from accel.settings.config_file import AccelConfig, ConfigError, save_accel_config, write_basic_config
-from accel.settings.kwargs import InitProcessGroupKwargs
+from accel.settings.kwargs import InitProcessGroupKwargs, TorchDynamoPlugin
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +154,9 @@ def test_the_launcher_fills_what_the_code_leaves_out_silently(variable: str, val
 
 def test_the_same_value_in_code_and_launcher_is_not_warned_about() -> None:
     os.environ.update(ACCEL_GRADIENT_ACCUMULATION_STEPS="2", ACCEL_MIXED_PRECISION="BF16")
-    accelerator, warned = _build(gradient_accumulation_steps=2, mixed_precision="bf16")
+    os.environ["ACCEL_DYNAMO_BACKEND"] = "eager"
+    plugin = TorchDynamoPlugin(backend="EAGER")
+    accelerator, warned = _build(gradient_accumulation_steps=2, mixed_precision="bf16", dynamo_plugin=plugin)
     assert (accelerator.gradient_accumulation_steps, accelerator.mixed_precision, warned) == (2, "bf16", [])
 
 

@@ -270,6 +270,7 @@ def _warn_code_over_launcher(
 def _same(code: Any, launched: str) -> bool:
     """Whether the code's value and a variable's text say the same thing ("bf16" and "BF16", 2 and "2", ...)."""
     text = str(launched).strip().lower()
+    code = getattr(code, "value", code)  # an enum (Accelerate's `DynamoBackend.INDUCTOR`, `PrecisionType.BF16`)
     if isinstance(code, bool):
         return code == (text in ("1", "true", "yes", "on"))
     if isinstance(code, (int, float)):
