@@ -86,7 +86,7 @@ def tests(session: nox.Session, package: str) -> None:
     """
     torch = TORCH_PINS.get(package, TORCH)
     install_base(session, "tensorboard", torch=torch)
-    session.install("pytest", "pytest-timeout", "pyyaml", "-e", TEST_PLUGINS)
+    session.install("pytest", "pytest-timeout", "pyyaml", "pexpect", "-e", TEST_PLUGINS)
     ignore = []
     if package == "accel-base":
         ignore = [f"--ignore={DEEPSPEED_TESTS}"]

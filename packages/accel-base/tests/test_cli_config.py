@@ -67,6 +67,37 @@ def test_questions_on_a_terminal(config_path: Path, monkeypatch: pytest.MonkeyPa
     assert load_accel_config(config_path) == AccelConfig(num_processes=3, mixed_precision="fp16", debug=True)
 
 
+def test_questions_show_their_choices_and_reask_a_bad_answer_on_a_real_terminal(config_path: Path) -> None:
+    """Through a pseudo-terminal: each bad answer is refused as it is given and asked again; no answer is lost."""
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable, ["-m", "accel.cli", "config"], env=dict(os.environ), encoding="utf-8", timeout=60
+    )
+    bad = {"num_processes": ["two", "0", "2"], "rdzv_backend": ["bogus", "c10d"], "mixed_precision": ["bf17", "bf16"]}
+    seen: dict[str, str] = {}
+    while True:
+        index = child.expect([r"\n  (\w+)( \([^)]*\))? \[[^\]]*\]: ", pexpect.EOF])
+        if index == 1:
+            break
+        name, choices = child.match.group(1), child.match.group(2) or ""
+        seen.setdefault(name, choices)
+        answers = bad.get(name, [""])
+        child.sendline(answers.pop(0) if len(answers) > 1 else answers[0])
+    child.close()
+    assert child.exitstatus == 0, child.before
+    assert seen["mixed_precision"] == " (no/bf16/fp16/fp8)"
+    assert seen["rdzv_backend"] == " (c10d/static/etcd/etcd-v2)"
+    assert "cpu" in seen["adapter"] and "ddp" in seen["strategy"] and seen["debug"] == " (yes/no)"
+    assert load_accel_config(config_path) == AccelConfig(num_processes=2, rdzv_backend="c10d", mixed_precision="bf16")
+
+
+def test_a_bad_rendezvous_backend_is_refused_when_written(config_path: Path) -> None:
+    main(["config", "default"])
+    assert main(["config", "update", "--rdzv-backend", "bogus"]) == 2
+    assert load_accel_config(config_path) == AccelConfig()  # the file is unchanged
+
+
 def test_without_a_terminal_no_question_is_asked(config_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "accel.cli", "config", "--num-processes", "2"],

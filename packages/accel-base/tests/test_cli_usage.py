@@ -103,7 +103,7 @@ def test_worker_failure_shows_its_traceback_once_with_the_rank(tmp_path: Path) -
     assert proc.returncode == 1
     assert proc.stderr.count("RuntimeError: boom on one") == 1, proc.stderr[-3000:]
     # The summary names the user's script (not accel's worker bootstrap) and points at the traceback.
-    summary = proc.stderr[proc.stderr.index("accel launch: ") :]
+    summary = proc.stderr[proc.stderr.index(f"accel launch: {bad}") :]
     assert summary.startswith(f"accel launch: {bad} failed:"), summary
     assert "rank 1: exit code 1 (its traceback is above)" in summary
     assert "worker_bootstrap" not in summary and "pytorch.org" not in summary
@@ -113,7 +113,7 @@ def test_cpu_default_is_one_process_and_says_so(script: Path) -> None:
     proc = accel("launch", "--cpu", str(script))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("trained") == 1
-    assert "accel launch: 1 process (the cpu adapter counts no devices); --num-processes N" in proc.stderr
+    assert "accel launch: starting 1 process (no devices counted; --num-processes N sets the number)" in proc.stderr
 
 
 def test_default_process_count_is_the_vendor_modules_device_count(tmp_path: Path, monkeypatch) -> None:

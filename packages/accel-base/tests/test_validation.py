@@ -87,9 +87,12 @@ def test_a_bad_accelerate_variable_is_named_as_the_user_set_it(monkeypatch: pyte
         Accelerator(cpu=True)
 
 
-def test_accumulation_env_still_sets_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accumulation_env_sets_the_steps_the_code_leaves_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_GRADIENT_ACCUMULATION_STEPS", "3")
-    assert Accelerator(cpu=True, gradient_accumulation_steps=2).gradient_accumulation_steps == 3
+    assert Accelerator(cpu=True).gradient_accumulation_steps == 3
+    # The code's value wins, with a warning naming both (issue 27; test_launch_precedence.py covers the rest).
+    with pytest.warns(UserWarning, match="gradient_accumulation_steps=2 in the code wins over"):
+        assert Accelerator(cpu=True, gradient_accumulation_steps=2).gradient_accumulation_steps == 2
 
 
 def test_empty_accumulation_env_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,8 +21,8 @@ def test_writes_a_file_accel_launch_reads(tmp_path: Path) -> None:
 
 def test_default_location_is_where_accel_launch_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_CONFIG_FILE", str(tmp_path / "default.yaml"))
-    assert write_basic_config() == tmp_path / "default.yaml"
-    assert launch_defaults_from_file(None)["mixed_precision"] == "no"
+    assert write_basic_config(mixed_precision="bf16") == tmp_path / "default.yaml"
+    assert launch_defaults_from_file(None)["mixed_precision"] == "bf16"
 
 
 def test_an_existing_file_is_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,7 @@ from .prepare.wrappers import (
     strip_compile,
     unwrap_through,
 )
+from .settings.accelerator import DEFAULT_GRADIENT_ACCUMULATION_STEPS
 from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -64,7 +65,12 @@ class Accelerator(AcceleratorCompatMixin):
         split_batches: deprecated spelling of `DataLoaderConfiguration(split_batches=...)`.
         mixed_precision: "no", "bf16", "fp16" (with a grad scaler) or "fp8" (adapters that
             support it); default `ACCEL_MIXED_PRECISION` or "no".
-        gradient_accumulation_steps: micro-batches per optimizer step under `accumulate`.
+        gradient_accumulation_steps: micro-batches per optimizer step under `accumulate` (default
+            `ACCEL_GRADIENT_ACCUMULATION_STEPS`, else 1).
+
+    An argument passed here wins over the launcher's variable for the same setting (`accel launch` flags,
+    its config file, `accelerate launch`'s `ACCELERATE_*`), which wins over the built-in default; where the two
+    disagree, one warning names both values (docs/launching.md, "Which value wins").
         cpu: force the built-in cpu adapter.
         adapter: name of the hardware adapter (default: `ACCEL_ADAPTER`, else the best
             available one).
@@ -97,7 +103,7 @@ class Accelerator(AcceleratorCompatMixin):
         device_placement: bool = True,
         split_batches: bool | None = None,
         mixed_precision: str | None = None,
-        gradient_accumulation_steps: int = 1,
+        gradient_accumulation_steps: int = DEFAULT_GRADIENT_ACCUMULATION_STEPS,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
         deepspeed_plugin: Any = None,

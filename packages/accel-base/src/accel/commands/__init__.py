@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import Any, NoReturn
 
@@ -25,7 +26,10 @@ class CliParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments") and self.prog == "accel launch":
+        guesses = self._did_you_mean(message)
+        if guesses:
+            message += f" (did you mean {guesses}?)"
+        elif message.startswith("unrecognized arguments") and self.prog == "accel launch":
             from ..adapter import registry
 
             installed = ", ".join(sorted(registry.installed_adapters())) or "none"
@@ -36,6 +40,19 @@ class CliParser(argparse.ArgumentParser):
             )
         sys.stderr.write(f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every flag)\n")
         sys.exit(2)
+
+    def _did_you_mean(self, message: str) -> str:
+        """The known flags closest to each unknown one in an "unrecognized arguments" message ("" if none)."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        known = {flag[2:]: flag for flag in self._option_string_actions if flag.startswith("--")}
+        guesses: list[str] = []
+        for word in message.removeprefix("unrecognized arguments: ").split():
+            name = word.split("=", 1)[0][2:] if word.startswith("--") else ""
+            if len(name) >= 5:  # a typo of a longer name; `--tpu` is a vendor's flag, not a typo of `--cpu`
+                close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.85)
+                guesses += [known[c] for c in close if known[c] not in guesses]
+        return " or ".join(guesses)
 
 
 def spellings(name: str) -> list[str]:

@@ -200,9 +200,10 @@ def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment variables the workers inherit from these arguments."""
     env: dict[str, str] = {}
+    from_file: set[str] = getattr(args, "from_file", set())
     for attr, var in ACCEL_FLAGS_TO_ENV.items():
         value = getattr(args, attr)
-        if value is not None:
+        if value is not None and not (attr in from_file and os.environ.get(var)):  # the environment beats the file
             env[var] = str(value)
     if args.cpu:
         env["ACCEL_ADAPTER"] = "cpu"
@@ -245,6 +246,8 @@ def launch(argv: Sequence[str]) -> int:
     parser = launch_parser(argv)
     args = resolve(parser.parse_args(list(argv)), parser)  # config file, hardware, checks
     os.environ.update(worker_env(args))
+    if not args.quiet:  # on stderr: the script's stdout stays its own
+        print(args.start_line, file=sys.stderr, flush=True)
     if args.quiet:
         import logging
 

@@ -38,14 +38,24 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
     Raises:
         UsageError: what is wrong with the command line and what to do instead.
     """
-    from .config import launch_defaults_from_file
+    from .config import find_config_file, launch_defaults_from_file
 
-    file_values = launch_defaults_from_file(args.config_file)
+    path, args.config_source = find_config_file(args.config_file)
+    if path is not None and not args.config_file and args.config_source.startswith("Accelerate") and not args.quiet:
+        print(f"accel launch: using {args.config_source} (accel has no config file of its own)", file=sys.stderr)
+    file_values = launch_defaults_from_file(args.config_file, path) if path is not None else {}
     if args.cpu or args.adapter:  # the command line chose the hardware: the file's choice does not count
         file_values = {k: v for k, v in file_values.items() if k not in ("cpu", "adapter", "required_hardware")}
+    asked = _command_line_strategy(args)
+    if asked is not None:  # a strategy flag replaces the file's strategy (and its settings, unless the same one)
+        if file_values.get("strategy") not in (None, asked):
+            file_values.pop("strategy_kwargs", None)
+        file_values.pop("strategy", None)
+    args.from_file = set()  # what the file filled: a variable the user already set wins over it (worker_env)
     for dest, value in file_values.items():
         if dest != "strategy_kwargs" and getattr(args, dest, None) in (None, False):
             setattr(args, dest, value)
+            args.from_file.add(dest)
     _accelerate_machines(args)
     if args.cpu and args.adapter not in (None, "cpu"):
         raise UsageError(f"--cpu and --adapter {args.adapter} ask for different hardware; give one of them")
@@ -82,13 +92,31 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
         args.num_processes = _device_count(adapter_cls, bool(args.emulate))
     _check_numbers(args)
     _check_port(args)
-    if counted and not args.quiet:
-        if args.num_processes > 1:
-            said = f"{args.num_processes} processes, one per device the {adapter_cls.name} adapter sees"
-        else:
-            said = f"1 process (the {adapter_cls.name} adapter counts no devices)"
-        print(f"accel launch: {said}; --num-processes N sets the number", file=sys.stderr)
+    args.start_line = _start_line(args, adapter_cls, counted)
     return args
+
+
+def _start_line(args: argparse.Namespace, adapter_cls: type[Any], counted: bool) -> str:
+    """The line `accel launch` prints on stderr as it starts the workers: how many, the adapter, the strategy
+    and where the settings came from."""
+    from ..adapter.base import Adapter
+
+    n = args.num_processes
+    count = f"{n} process{'es' if n > 1 else ''}"
+    if counted:
+        why = f"one per device the {adapter_cls.name} adapter sees" if n > 1 else "no devices counted"
+        count += f" ({why}; --num-processes N sets the number)"
+    if str(args.nnodes) not in ("1", "1:1"):
+        count += f" on each of {args.nnodes} nodes"
+    strategy = args.strategy
+    if strategy is None:
+        default = adapter_cls.default_strategy is Adapter.default_strategy
+        strategy = "ddp" if default else "the adapter's default"
+    emulated = ", emulated" if args.emulate else ""
+    return (
+        f"accel launch: starting {count}: adapter {adapter_cls.name}{emulated}, strategy {strategy}, "
+        f"{args.config_source}"
+    )
 
 
 def _accelerate_machines(args: argparse.Namespace) -> None:
@@ -142,6 +170,14 @@ def _refuse_other_adapters_flags(args: argparse.Namespace, parser: argparse.Argu
                 f"{selected!r} is selected: "
                 f"add --adapter {name} (with --emulate to run it on this CPU), or drop the flag(s)"
             )
+
+
+def _command_line_strategy(args: argparse.Namespace) -> str | None:
+    """The strategy the command line asks for (`--strategy`, `--use_fsdp`, ...), before the config file counts."""
+    if args.strategy is not None:
+        return str(args.strategy)
+    switches = {"deepspeed": args.use_deepspeed, "fsdp2": args.use_fsdp, "megatron": args.use_megatron_lm}
+    return next((name for name, on in switches.items() if on), None)
 
 
 def _strategy(args: argparse.Namespace) -> str | None:

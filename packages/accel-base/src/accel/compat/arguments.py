@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UnsupportedHandlerError
-from ..settings.accelerator import AcceleratorSettings
+from ..settings.accelerator import DEFAULT_GRADIENT_ACCUMULATION_STEPS, AcceleratorSettings
 from ..settings.env import EnvSettings, read_env
 from ..settings.kwargs import (
     DataLoaderConfiguration,
@@ -33,7 +33,7 @@ from ..strategies.parallelism_config import (
     from_environment,
     with_parallelism,
 )
-from .env import apply_accelerate_env, launch_defaults
+from .env import _warn, apply_accelerate_env, launch_defaults
 from .objects import convert, convert_accelerator_arguments, user_stacklevel
 from .table import AccelerateFeatureError
 
@@ -92,6 +92,20 @@ def accelerator_settings(
     # What a launcher decided (accel launch flags, config files, `accelerate launch`'s variables).
     apply_accelerate_env()
     env = read_env()
+    _warn_code_over_launcher(
+        env,
+        mixed_precision=mixed_precision,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_accumulation_plugin=gradient_accumulation_plugin,
+        cpu=cpu,
+        adapter=adapter,
+        emulate=emulate,
+        strategy=strategy,
+        plugins={"fsdp2": fsdp_plugin, "deepspeed": deepspeed_plugin, "megatron": megatron_lm_plugin},
+        dynamo_backend=dynamo_backend,
+        dynamo_plugin=dynamo_plugin,
+        kwargs_handlers=kwargs_handlers,
+    )
     plugins = (fsdp_plugin, deepspeed_plugin, megatron_lm_plugin)
     asked = strategy is not None or any(p is not None for p in plugins)
     strategy, strategy_config, dynamo_plugin = launch_defaults(
@@ -174,12 +188,97 @@ def accelerator_settings(
 
 
 def _accumulation_steps(steps: Any, env: EnvSettings) -> int:
-    """`gradient_accumulation_steps`, or `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set: an int >= 1."""
+    """`gradient_accumulation_steps` when passed in code, else `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set, else 1."""
     if isinstance(steps, float) and steps.is_integer():
         steps = int(steps)  # 2.0 means 2 (Accelerate takes it); 2.5 is refused below
     check_positive_int(steps, "gradient_accumulation_steps", hint="Pass a whole number of micro-batches, e.g. 2.")
-    from_env = env.gradient_accumulation_steps
-    return int(steps) if from_env is None else from_env
+    from_env = env.gradient_accumulation_steps  # checked even when the code's value wins
+    return from_env if from_env is not None and steps is DEFAULT_GRADIENT_ACCUMULATION_STEPS else int(steps)
+
+
+def _warn_code_over_launcher(
+    env: EnvSettings,
+    *,
+    mixed_precision: Any,
+    gradient_accumulation_steps: Any,
+    gradient_accumulation_plugin: Any,
+    cpu: bool,
+    adapter: Any,
+    emulate: Any,
+    strategy: Any,
+    plugins: Mapping[str, Any],
+    dynamo_backend: Any,
+    dynamo_plugin: Any,
+    kwargs_handlers: Any,
+) -> None:
+    """One warning naming each setting the script passes with a value other than the launcher's variable.
+
+    The script's value wins (as `Accelerator(mixed_precision=)` does in Accelerate); the launcher's applies only
+    where the script passes nothing.
+    """
+    # (argument as written in code, the code's value, the variable, the launcher's value); None: not given.
+    accumulation = None
+    if gradient_accumulation_plugin is not None:
+        accumulation = getattr(gradient_accumulation_plugin, "num_steps", None)
+    elif gradient_accumulation_steps is not DEFAULT_GRADIENT_ACCUMULATION_STEPS:
+        accumulation = gradient_accumulation_steps
+    plugin = next((name for name, p in plugins.items() if p is not None), None)
+    code_strategy = strategy if strategy is not None else plugin
+    code_dynamo = dynamo_backend if dynamo_backend is not None else getattr(dynamo_plugin, "backend", None)
+    timeout = next((getattr(h, "timeout", None) for h in kwargs_handlers or () if hasattr(h, "timeout")), None)
+    launcher_timeout = env.timeout_text
+    pairs = [
+        ("mixed_precision", mixed_precision, "ACCEL_MIXED_PRECISION", env.mixed_precision),
+        (
+            "gradient_accumulation_steps",
+            accumulation,
+            env.gradient_accumulation_variable,
+            env.gradient_accumulation_text.strip() or None,
+        ),
+        ("cpu", True if cpu else None, "ACCEL_ADAPTER", env.adapter if env.adapter not in (None, "cpu") else None),
+        ("adapter", adapter, "ACCEL_ADAPTER", env.adapter),
+        ("adapter", adapter, "ACCEL_USE_CPU", "1" if env.use_cpu and adapter not in (None, "cpu") else None),
+        ("emulate", emulate, "ACCEL_EMULATE", "1" if env.emulate else None),
+        ("strategy", code_strategy, "ACCEL_STRATEGY", env.strategy),
+        ("dynamo_backend", code_dynamo, "ACCEL_DYNAMO_BACKEND", env.dynamo_backend),
+        (
+            "InitProcessGroupKwargs(timeout=)",
+            timeout.total_seconds() if timeout is not None else None,
+            "ACCEL_TIMEOUT",
+            launcher_timeout,
+        ),
+    ]
+    differ = []
+    for name, code, variable, launched in pairs:
+        if code is None or launched is None or _same(code, launched):
+            continue
+        shown = name if "(" in name else f"{name}={code!r}"
+        if name == "InitProcessGroupKwargs(timeout=)":
+            shown = f"InitProcessGroupKwargs(timeout={code:g}s)"
+        if name == "strategy" and strategy is None:
+            shown = f"{plugin} plugin"
+        differ.append(f"{shown} in the code wins over {variable}={launched} from the launcher")
+    if differ:
+        _warn(
+            "Accelerator(): "
+            + "; ".join(differ)
+            + ". Drop the argument to use the launcher's value, or change the flag or config file "
+            "(docs/launching.md, 'Which value wins')."
+        )
+
+
+def _same(code: Any, launched: str) -> bool:
+    """Whether the code's value and a variable's text say the same thing ("bf16" and "BF16", 2 and "2", ...)."""
+    text = str(launched).strip().lower()
+    code = getattr(code, "value", code)  # an enum (Accelerate's `DynamoBackend.INDUCTOR`, `PrecisionType.BF16`)
+    if isinstance(code, bool):
+        return code == (text in ("1", "true", "yes", "on"))
+    if isinstance(code, (int, float)):
+        try:
+            return float(code) == float(text)
+        except ValueError:
+            return False
+    return str(code).strip().lower() == text
 
 
 def _deepspeed_plugins(plugin: Any, plugins: Any) -> Any:

@@ -141,7 +141,8 @@ class PartialState:
         env = env or build_env()
         init_kwargs = init_kwargs or kwargs.pop("init_process_group_kwargs", None) or InitProcessGroupKwargs()
         emulate = env.emulate if emulate is None else emulate
-        requested = "cpu" if cpu or env.use_cpu else (adapter or env.adapter)
+        # The script's `cpu=` / `adapter=` win over the launcher's ACCEL_USE_CPU / ACCEL_ADAPTER.
+        requested = "cpu" if cpu else (adapter or ("cpu" if env.use_cpu else env.adapter))
         adapter_cls = select_adapter(requested, emulate=emulate)
         launch = env.launch
         self.launch: LaunchInfo = launch

@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     from ..strategies.parallelism_config import ParallelismConfig
 
 
+class _Default(int):
+    """An int default that tells "left out" (this very object) from the same number passed in code."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+DEFAULT_GRADIENT_ACCUMULATION_STEPS: int = _Default(1)
+"""`Accelerator(gradient_accumulation_steps=)`'s default, 1: only a value passed in code wins over the launcher's."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class AcceleratorSettings:
     """An `Accelerator`'s arguments after translation, with the environment and the launcher's defaults applied."""

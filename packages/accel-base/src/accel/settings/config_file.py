@@ -24,6 +24,8 @@ from .env import read_env
 from .launch import check_host
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+"""torchrun's rendezvous backends (`--rdzv-backend`)."""
 _PHRASES = {
     "bool": "true or false",
     "int": "an integer",
@@ -102,6 +104,8 @@ class AccelConfig:
                 raise bad(f.name, _PHRASES[kind])
         if self.mixed_precision not in PRECISIONS:
             raise bad("mixed_precision", " or ".join(PRECISIONS))
+        if self.rdzv_backend is not None and self.rdzv_backend not in RDZV_BACKENDS:
+            raise bad("rdzv_backend", "one of torchrun's rendezvous backends: " + ", ".join(RDZV_BACKENDS))
         for key in ("num_processes", "num_machines", "gradient_accumulation_steps", "num_cpu_threads_per_process"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise bad(key, "an integer >= 1")
