@@ -26,7 +26,7 @@ import torch
 from ..distributed.tree import send_to_device
 from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
-from . import layout
+from . import accelerate_layout, layout
 from .io import (
     hash_file,
     load_safetensors,
@@ -274,7 +274,7 @@ def load_state(
     # that every reader, a strategy's included, finds the checkpoint in one directory.
     _, error = _attempt(lambda: _finish_interrupted(directory)) if ctx.is_main_process else (None, None)
     _raise_if_failed(_agree(ctx, error), error, what)
-    found, error = _attempt(lambda: _locate(directory))
+    found, error = _attempt(lambda: _locate(directory, ctx))
     _raise_if_failed(_agree(ctx, error), error, what)
     assert found is not None
 
@@ -335,15 +335,18 @@ def _finish_interrupted(directory: Path) -> None:
         layout.recover(directory)
 
 
-def _locate(directory: Path) -> layout.Located:
+def _locate(directory: Path, ctx: RunContext) -> layout.Located:
     found = layout.locate(directory)
     if found is not None:
         return found
     if not directory.is_dir():
         raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
+    if accelerate_layout.is_accelerate_checkpoint(directory):
+        return accelerate_layout.locate(directory, ctx.process_index, ctx.device, announce=ctx.is_main_process)
     raise CheckpointError(
-        f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
-        "or is not an accel checkpoint. Load an earlier checkpoint."
+        f"{directory} is not a checkpoint: it holds neither an accel manifest ({MANIFEST}) nor the random states "
+        "(random_states_0.pkl) Accelerate's save_state writes. A save_state that was interrupted leaves no "
+        "checkpoint: load an earlier one."
     )
 
 
