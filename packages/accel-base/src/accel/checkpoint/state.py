@@ -344,9 +344,8 @@ def _locate(directory: Path, ctx: RunContext) -> layout.Located:
     if accelerate_layout.is_accelerate_checkpoint(directory):
         return accelerate_layout.locate(directory, ctx.process_index, ctx.device, announce=ctx.is_main_process)
     raise CheckpointError(
-        f"{directory} is not a checkpoint: it holds neither an accel manifest ({MANIFEST}) nor the random states "
-        "(random_states_0.pkl) Accelerate's save_state writes. A save_state that was interrupted leaves no "
-        "checkpoint: load an earlier one."
+        f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
+        "or is not an accel checkpoint. Load an earlier checkpoint."
     )
 
 
