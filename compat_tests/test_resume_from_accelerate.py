@@ -47,3 +47,27 @@ def test_accel_resumes_an_accelerate_checkpoint_with_accelerates_numbers(
         torch.testing.assert_close(mine["weights"][name], value, atol=1e-6, rtol=0)
     # The resumed run did not start over: its first loss differs from the saving run's first.
     assert ref["losses"][0] != pytest.approx(torch.load(saved)["losses"][0], abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_accel_resumes_an_fsdp2_checkpoint_in_accelerates_layout(
+    real_accelerate: Path, tmp_path: Path, kind: str
+) -> None:
+    """FSDP2, 2 processes: `pytorch_model_fsdp.bin` + `optimizer.bin` (full) or the `pytorch_model_fsdp_0/` and
+    `optimizer_0/` folders (sharded), written by Accelerate's own FSDP save functions (Accelerate runs FSDP only
+    on accelerator devices, so the script calls the steps of `save_state`'s FSDP branch itself)."""
+    script = str(SCRIPTS / "resume_fsdp_from_accelerate.py")
+    ckpt = tmp_path / "ckpt"
+    saved = tmp_path / "saved.pt"
+    check_reference(torchrun(script, "save", str(ckpt), str(saved), kind, accel=False), saved)
+    expected = {"full": {"pytorch_model_fsdp.bin", "optimizer.bin"}, "sharded": {"pytorch_model_fsdp_0", "optimizer_0"}}
+    assert expected[kind] <= {p.name for p in ckpt.iterdir()}
+    reference = tmp_path / "accelerate.pt"
+    check_reference(torchrun(script, "resume", str(ckpt), str(reference), kind, accel=False), reference)
+    got = tmp_path / "accel.pt"
+    check(torchrun(script, "accel", str(ckpt), str(got), kind, accel=False))
+    ref, mine = torch.load(reference), torch.load(got)
+    assert len(ref["losses"]) == len(mine["losses"]) == 6
+    assert mine["losses"] == pytest.approx(ref["losses"], abs=1e-6)
+    for name, value in ref["weights"].items():
+        torch.testing.assert_close(mine["weights"][name], value, atol=1e-6, rtol=0)

@@ -20,29 +20,7 @@ import torch
 from accel import Accelerator
 from accel.errors import CheckpointError, UnsafeCheckpointError
 from safetensors.torch import save_file
-
-
-class Box:
-    """A registered object."""
-
-    def __init__(self, **state: object) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, object]:
-        return dict(self.state)
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.state = dict(state)
-
-
-class Payload:
-    """Unpickling this calls `open(marker, "w")`: a stand-in for arbitrary code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (open, (str(self.marker), "w"))
+from test_checkpoint_safety import Box, Payload
 
 
 def _run(seed: int) -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR, Box]:
