@@ -132,3 +132,25 @@ def test_layouts_accel_cannot_read_are_refused_by_name(tmp_path: Path, extra: st
         accelerator.load_state(tmp_path / "ckpt")
     assert "Nothing was loaded" in str(info.value) and "Load an earlier checkpoint" not in str(info.value)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+def test_a_damaged_file_is_named_as_accelerate_wrote_it_and_no_scratch_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    _write_accelerate_checkpoint(tmp_path / "ckpt")
+    accelerator, *_ = _run(seed=2)
+    accelerator.load_state(tmp_path / "ckpt")
+    gc.collect()
+    assert list(scratch.iterdir()) == []  # the translation lives only as long as the load
+    (tmp_path / "ckpt" / "optimizer.bin").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=rf"Checkpoint file {tmp_path / 'ckpt' / 'optimizer.bin'} could not"):
+        accelerator.load_state(tmp_path / "ckpt")
+    gc.collect()
+    assert list(scratch.iterdir()) == []
