@@ -154,3 +154,14 @@ def test_a_damaged_file_is_named_as_accelerate_wrote_it_and_no_scratch_is_left(
         accelerator.load_state(tmp_path / "ckpt")
     gc.collect()
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+def test_a_process_without_saved_random_states_is_told(tmp_path: Path) -> None:
+    saved = _write_accelerate_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "random_states_0.pkl").rename(tmp_path / "ckpt" / "random_states_1.pkl")
+    accelerator, model, *_ = _run(seed=2)
+    with pytest.warns(UserWarning, match=r"holds no random states for process 0 \(random_states_0\.pkl"):
+        accelerator.load_state(tmp_path / "ckpt")
+    assert accelerator.step == 4  # the step every process saved, read from another process's file
+    torch.testing.assert_close(model.weight, saved["model"]["weight"], rtol=0, atol=0)  # type: ignore[index]

@@ -96,6 +96,13 @@ def locate(directory: Path, rank: int, device: torch.device, *, announce: bool) 
     rng_files = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := RNG_FILE.fullmatch(p.name)))
     mine = dict(rng_files).get(rank)
     states = read_pickle(mine, "random states") if mine is not None else None
+    if mine is None:  # saved by fewer processes: Accelerate's own load_state skips them too (and logs it)
+        warnings.warn(
+            f"Checkpoint {directory} holds no random states for process {rank} (random_states_{rank}.pkl; it was "
+            f"saved by {len(rng_files)} processes): this process's generators are not restored.",
+            UserWarning,
+            stacklevel=7,
+        )
     step = _step(states if states is not None else read_pickle(rng_files[0][1], "random states"))
 
     scratch = Path(tempfile.mkdtemp(prefix="accel-from-accelerate-"))
