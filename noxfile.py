@@ -164,18 +164,49 @@ def slurm(session: nox.Session) -> None:
         session.run(*start, "stop", str(cluster), external=True)
 
 
+def browser_for_docs(session: nox.Session) -> str | None:
+    """Headless Chromium for docs/test_layout.py: one already on PATH with its chromedriver, else Debian's
+    chromium and chromium-driver through apt-get. None, after saying why, where neither is possible."""
+    if shutil.which("chromedriver") and (shutil.which("chromium") or shutil.which("chromium-browser")):
+        return "found on PATH"
+    apt = {"DEBIAN_FRONTEND": "noninteractive"}
+    packages = ["chromium", "chromium-driver", "fonts-liberation"]  # Liberation: the same fallback fonts everywhere
+    if shutil.which("apt-get") is None:
+        why = "installing chromium needs apt-get (Debian/Ubuntu)"
+    elif os.geteuid() != 0:
+        why = "installing chromium with apt-get needs root"
+    else:
+        try:
+            session.run("apt-get", "update", "-qq", external=True, silent=True, env=apt)
+            session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, external=True, env=apt)
+            return "installed with apt-get"
+        except CommandFailed:
+            why = "apt-get could not install chromium and chromium-driver (no package mirror?)"
+    session.warn(f"SKIPPED the browser layout check (docs/test_layout.py): {why}")
+    return None
+
+
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
     """The documentation site builds with every warning an error (mkdocs.yml: broken links and
     references, pages missing from the nav); the adapter guide's example adapter installs and
-    passes the conformance kit; the guide shows its files."""
+    passes the conformance kit; the guide shows its files; in headless Chromium at 1280 px the API
+    reference, CLI and compatibility tables fit the page and break no name mid-word (skipped, saying
+    why, where no browser can be installed; screenshots under the session's tmp/layout)."""
     session.install("mkdocs>=1.6,<2", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27")
-    site = Path(session.create_tmp()).resolve() / "site"
+    tmp = Path(session.create_tmp()).resolve()
+    site = tmp / "site"
     session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
     install_base(session)
     session.install("pytest", "pytest-timeout", "-e", "docs/examples/accel-example-adapter")
     pages = ["docs/test_docs.py", "docs/test_names.py", "docs/test_release_metadata.py"]
     session.run("pytest", *pages, "docs/examples/accel-example-adapter/tests", "-q", "--timeout=900")
+    browser = browser_for_docs(session)
+    if browser is not None:
+        session.log(f"browser layout check: chromium {browser}")
+        session.install("selenium>=4.11")
+        env = {"ACCEL_DOCS_SITE": str(site), "ACCEL_DOCS_SHOTS": str(tmp / "layout")}
+        session.run("pytest", "docs/test_layout.py", "-q", "--timeout=300", "-p", "no:cacheprovider", env=env)
 
 
 @nox.session(name="hardware_ci", python=PYTHON)
@@ -277,9 +308,14 @@ def bench(session: nox.Session) -> None:
 def compat(session: nox.Session) -> None:
     """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
     numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current;
-    and a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back."""
+    a transformers model (from a config, no download) trains with DDP and FSDP2 and loads back; and with
+    Accelerate installed, every `accelerate` name transformers, peft and trl import resolves under the alias,
+    and their Trainer, a LoRA model and an SFT trainer give Accelerate's numbers on accel."""
     install_base(session, "tensorboard")  # Accelerate's LoggerType.TENSORBOARD is driven by accel's tracker
-    session.install("accelerate==1.15.0", "transformers>=4.50", "pytest", "pytest-timeout", TORCH)
+    # peft, trl and datasets: the Hugging Face stack run through the alias (test_hf_imports, test_hf_trainer).
+    session.install(
+        "accelerate==1.15.0", "transformers>=4.50", "peft", "trl", "datasets", "pytest", "pytest-timeout", TORCH
+    )
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
     # accel-base tests that compare against Accelerate or train a transformers model skip in the
     # quick session; here both are installed (their own conftest, so a run of their own).

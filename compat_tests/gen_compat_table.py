@@ -179,6 +179,7 @@ def render() -> str:
         f"| total | {total} |",
         "",
     ]
+    lines += hf_section()
     for owner, entries in rows.items():
         where = owner if owner in MEMBER_OWNERS else f"`{owner}`"
         title = f"members of `{owner}`" if owner in MEMBER_OWNERS else where
@@ -186,6 +187,54 @@ def render() -> str:
         lines += [f"| `{name}` | {state} | {note} |" for name, state, note in entries]
         lines.append("")
     return "\n".join(lines)
+
+
+def hf_section() -> list[str]:
+    """What transformers, peft and trl import from `accelerate`, and where each name comes from under the alias."""
+    from accel.compat.borrowed import HELPER_MODULES, HELPER_NAMES
+    from hf_imports import HF_IMPORTS, LIBRARIES, resolve_all
+
+    resolved = resolve_all()
+    resolved.pop("__borrowed_modules__")
+    lines = [
+        f"## What {', '.join(LIBRARIES)} import from `accelerate`",
+        "",
+        "Run with Accelerate installed (transformers' Trainer needs it), these libraries import Accelerate's",
+        "internals; under `accel.as_accelerate` each resolves as listed (`compat_tests/hf_imports.py` scans",
+        "their installed source, `test_hf_imports.py` imports every name). The rule, in order:",
+        "",
+        "1. **accel's own object** where accel has the name: state, `Accelerator`, data loaders, checkpoints,",
+        "   parallelism plugins, collectives, trackers, memory helpers.",
+        "2. **borrowed**: where accel has no counterpart (or only a stand-in) and Accelerate defines the name in",
+        "   one of the stateless helper modules below, the real Accelerate's object. Its module is executed",
+        "   under its own name with its imports going through the alias, so the state it reads is accel's;",
+        "   no other module of Accelerate (`accelerate.state`, `accelerator`, `data_loader`, ...) is ever",
+        "   executed, and there is one `AcceleratorState` in the process.",
+        "3. otherwise accel's **stand-in**, which imports and raises `NotImplementedError` saying why when used",
+        "   (Trainer's FSDP checkpoint functions: save with `save_model`; accel's FSDP strategy saves and",
+        "   resumes through `save_state`/`load_state`).",
+        "",
+        "`accelerate.__version__` is `1.15.0` under the alias, the API accel mirrors (peft and trl gate code",
+        "paths on it). `accelerate.commands.launch.launch_command`/`launch_command_parser` (trl's CLI) run",
+        "`accel launch`.",
+        "",
+        "Helper modules (borrowed whole):",
+        "",
+        *(f"- `accelerate.{m}`: {why}" for m, why in HELPER_MODULES.items()),
+        *(
+            f"- `accelerate.{m}`: only {', '.join(f'`{n}`' for n in sorted(names))}"
+            for m, names in HELPER_NAMES.items()
+        ),
+        "",
+        "| imported as | resolves to |",
+        "| --- | --- |",
+    ]
+    for module, name in HF_IMPORTS:
+        kind, _, origin = str(resolved[f"{module}:{name}"]).partition(": ")
+        what = f"`{module}`" if not name else f"`{module}.{name}`"
+        shown = origin if kind in ("stand-in", "module") else f"`{origin}`"
+        lines.append(f"| {what} | {kind}: {shown} |")
+    return [*lines, ""]
 
 
 def main() -> int:

@@ -15,7 +15,8 @@
    written with raw torch (`parallel_bench.py`).
 
 `--sections steps,import,checkpoint,loader,memory[,parallel]` picks what runs (default: all but parallel); other
-arguments go to the step benchmark. Prints markdown tables and writes each section's
+arguments go to the step benchmark (`--reduce` adds a step with `accelerator.reduce(loss)`, with the
+stuck-collective watchdog on and off, against raw DDP with `dist.all_reduce`). Prints markdown tables and writes each section's
 figures as data (`<section>.json`, and `.csv` for steps and memory) to `--out-dir`
 (default docs/assets/benchmarks, where `plot.py` draws them for docs/performance.md).
 """
@@ -255,6 +256,17 @@ def step_table(extra: list[str], out_dir: Path) -> None:
                 f"| {hidden} | {m['raw_ddp_same_settings_keep_grads'] * 1e3:.3f} | {m['accel_keep_grads'] * 1e3:.3f} | "
                 f"{_ratio(r['accel_keep_grads/raw_ddp_same_settings_keep_grads'])} | "
                 f"{_ratio(r['raw_ddp_same_settings_keep_grads/raw_ddp_same_settings'])} |"
+            )
+    if any("accel_reduce/accel_reduce_unwatched" in m["paired_round_ratios"] for m in steps.values()):
+        print("\n## A reduce through accel every step (--reduce): the stuck-collective watchdog's cost\n")
+        print("| hidden | raw + all_reduce (ms) | accel + reduce (ms) | accel / raw | watchdog on / off |")
+        print("| --- | --- | --- | --- | --- |")
+        for hidden, m in steps.items():
+            r = m["paired_round_ratios"]
+            print(
+                f"| {hidden} | {m['raw_ddp_same_settings_reduce'] * 1e3:.3f} | {m['accel_reduce'] * 1e3:.3f} | "
+                f"{_ratio(r['accel_reduce/raw_ddp_same_settings_reduce'])} | "
+                f"{_ratio(r['accel_reduce/accel_reduce_unwatched'])} |"
             )
     if any("raw_ddp_explicit_25mb/raw_ddp_same_settings" in m["paired_round_ratios"] for m in steps.values()):
         print("\n## DDP with bucket_cap_mb=25 passed explicitly (--explicit-bucket): first bucket 25 MB, not 1 MB\n")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from accel import Accelerator, DistributedDataParallelKwargs
+from accel.distributed import watchdog
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # What must match between accel's DDP and the raw one for the comparison to be about accel.
@@ -72,12 +73,46 @@ def make_accel_step(accelerator: Accelerator, set_to_none: bool = True):
     return step
 
 
+def raw_step_reduce(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    dist.all_reduce(loss.detach().clone())  # the loss summed over ranks for logging, as a script would
+
+
+def make_accel_step_reduce(accelerator: Accelerator, watched: bool):
+    """accel's step plus `accelerator.reduce(loss)`; with `watched` False the collective watchdog is switched off
+    around it, so the pair measures the watchdog alone."""
+
+    def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if watched:
+            accelerator.reduce(loss.detach())
+            return
+        dog, watchdog._dog = watchdog._dog, None
+        try:
+            accelerator.reduce(loss.detach())
+        finally:
+            watchdog._dog = dog
+
+    return step
+
+
 def ddp_settings(model: DDP) -> dict[str, Any]:
     return {name: getattr(model, name, None) for name in DDP_SETTINGS}
 
 
 def build_variants(
-    accelerator: Accelerator, base: torch.nn.Module, keep_grads: bool, explicit_bucket: bool, diagnose: bool = False
+    accelerator: Accelerator,
+    base: torch.nn.Module,
+    keep_grads: bool,
+    explicit_bucket: bool,
+    diagnose: bool = False,
+    with_reduce: bool = False,
 ) -> dict[str, tuple[Any, ...]]:
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -99,6 +134,15 @@ def build_variants(
         kg_model, kg_opt = accelerator.prepare(kg_model, sgd(kg_model))
         variants["raw_ddp_same_settings_keep_grads"] = (same_kg, sgd(same_kg), raw_step_keep_grads)
         variants["accel_keep_grads"] = (kg_model, kg_opt, make_accel_step(accelerator, set_to_none=False))
+    if with_reduce:  # a collective through accel every step: what the stuck-collective watchdog costs
+        if watchdog._dog is None:
+            raise RuntimeError("the collective watchdog is off (ACCEL_COLLECTIVE_WARN_SECONDS=0?): nothing to measure")
+        raw_r = DDP(copy.deepcopy(base), **DistributedDataParallelKwargs().ddp_kwargs())
+        variants["raw_ddp_same_settings_reduce"] = (raw_r, sgd(raw_r), raw_step_reduce)
+        for name, on in (("accel_reduce", True), ("accel_reduce_unwatched", False)):
+            m = copy.deepcopy(base)
+            m, o = accelerator.prepare(m, sgd(m))
+            variants[name] = (m, o, make_accel_step_reduce(accelerator, on))
     if diagnose:  # accel's prepared model and inner optimizer driven by the raw loop: objects vs. calls
         dm = copy.deepcopy(base)
         dm, dopt = accelerator.prepare(dm, sgd(dm))
@@ -131,6 +175,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--keep-grads", action="store_true", help="also time zero_grad(set_to_none=False)")
     parser.add_argument("--diagnose", action="store_true", help="also time accel's objects in the raw loop")
+    parser.add_argument(
+        "--reduce", action="store_true", help="also time a step with a reduce through accel, watchdog on and off"
+    )
     parser.add_argument("--explicit-bucket", action="store_true", help="also time DDP with bucket_cap_mb=25 passed")
     args = parser.parse_args()
 
@@ -141,7 +188,7 @@ def main() -> None:
         g = torch.Generator().manual_seed(accelerator.process_index)
         x = torch.randn(args.batch, hidden, generator=g)
         y = torch.randn(args.batch, 1, generator=g)
-        variants = build_variants(accelerator, base, args.keep_grads, args.explicit_bucket, args.diagnose)
+        variants = build_variants(accelerator, base, args.keep_grads, args.explicit_bucket, args.diagnose, args.reduce)
         names = list(variants)
         times: dict[str, list[float]] = {name: [] for name in names}
         per_round: dict[str, list[float]] = {name: [] for name in names}
@@ -171,6 +218,8 @@ def main() -> None:
                 ("raw_ddp_explicit_25mb", "raw_ddp_same_settings"),
                 ("accel_objects_raw_loop", "raw_ddp_same_settings"),
                 ("accel", "accel_objects_raw_loop"),
+                ("accel_reduce", "raw_ddp_same_settings_reduce"),
+                ("accel_reduce", "accel_reduce_unwatched"),
             )
             if ours in per_round and raw in per_round
         }

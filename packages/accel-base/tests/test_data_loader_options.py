@@ -90,6 +90,9 @@ def test_saved_position_restores_the_epoch_and_with_stateful_the_batch(stateful:
         if len(seen) == 2:
             state = dl.state_dict()
             break
+    # With the default loader the epoch's start also drew the worker seed from the global RNG: its state
+    # then is saved too, so a resumed run draws the same.
+    assert set(state.pop("epoch_rng")) == {"loader"}
     assert state == {"epoch": 1, "batches_yielded": 2, "seed": 0}
     fresh = _loader(data_seed=99, use_stateful_dataloader=stateful)
     fresh.load_state_dict(state)  # the saved seed replaces the fresh loader's

@@ -172,7 +172,7 @@ def test_rank_in_an_unchecked_collective_times_out_naming_where_it_was(
     proc, reports = _run(write_script, tmp_path, "unchecked", env={"ACCEL_TIMEOUT": str(timeout)})
     assert 0 in reports, proc.stderr[-3000:]
     result = reports[0]["gather"]
-    assert result["type"] == "RuntimeError", result
+    assert result["type"] == "CollectiveTimeoutError", result
     assert f"Timed out after {timeout} s: rank 0 called `gather` (checked collective #2)" in result["message"]
     assert "rank 1: its last checked collective was #1 `gather` at " in result["message"]
     assert timeout - 0.5 <= result["seconds"] < timeout + 10

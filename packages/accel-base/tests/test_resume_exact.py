@@ -73,6 +73,8 @@ if mode == "resume":
     assert loader.epoch == start_epoch, (loader.epoch, start_epoch)
 
 losses = {}
+if mode == "run" and 0 in save_steps:
+    acc.save_state(out / "ckpt_0")  # before the first batch
 for epoch in range(start_epoch, EPOCHS):
     batches = loader
     if epoch == start_epoch and skip and approach == "skip":
@@ -129,4 +131,37 @@ def test_resume_in_fresh_processes_is_bitwise_exact(
     for rank in (0, 1):
         ref_losses = json.loads((out / f"losses_run_rank{rank}.json").read_text())
         got = json.loads((out / f"losses_{approach}_{save_at}_rank{rank}.json").read_text())
+        assert got == {k: v for k, v in ref_losses.items() if int(k) > save_at}, rank
+
+
+BOUNDARIES = (0, 6, 18)  # before the first batch, the end of epoch 0 (an epoch boundary), after the last batch
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_boundaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("resume_boundaries")
+    script = out / "train.py"
+    script.write_text(SCRIPT)
+    proc = launch(script, "run", str(out), "skip", ",".join(map(str, BOUNDARIES)), "ddp", "default", timeout=300)
+    assert "run: 6 batches per epoch" in proc.stdout
+    return out
+
+
+@pytest.mark.parametrize("save_at", BOUNDARIES)
+def test_resume_at_an_epoch_boundary_is_bitwise_exact(uninterrupted_boundaries: Path, save_at: int) -> None:
+    """A checkpoint saved when no batch of the epoch has been drawn yet resumes exactly: the sampler's
+    generator (synchronised across ranks, moved on by each epoch's shuffle) is saved with the loader."""
+    out = uninterrupted_boundaries
+    positions = json.loads((out / f"ckpt_{save_at}" / "dataloaders.json").read_text())
+    assert positions[0]["batches_yielded"] == 0 and positions[0]["epoch"] == save_at // 6
+    assert set(positions[0].get("epoch_rng", {})) == {"generator"}
+    launch(out / "train.py", "resume", str(out), "skip", str(save_at), "ddp", "default", timeout=300)
+    reference = load_file(str(out / "final_run" / "model.safetensors"))
+    resumed = load_file(str(out / f"final_skip_{save_at}" / "model.safetensors"))
+    assert set(resumed) == set(reference)
+    for name, value in reference.items():
+        assert torch.equal(resumed[name], value), (name, (resumed[name] - value).abs().max())
+    for rank in (0, 1):
+        ref_losses = json.loads((out / f"losses_run_rank{rank}.json").read_text())
+        got = json.loads((out / f"losses_skip_{save_at}_rank{rank}.json").read_text())
         assert got == {k: v for k, v in ref_losses.items() if int(k) > save_at}, rank

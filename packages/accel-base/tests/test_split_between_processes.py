@@ -177,6 +177,29 @@ def test_empty_inputs_give_empty_shares() -> None:
     assert [s.shape for s in _shares(torch.zeros(0, 3), 2, apply_padding=True)] == [(0, 3), (0, 3)]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize(
+    ("inputs", "kind"),
+    [
+        ({3, 1, 2}, "set"),
+        (frozenset({1}), "frozenset"),
+        ((i for i in range(4)), "generator"),
+        (iter([1, 2]), "list_iterator"),
+        ({"a": 1}.keys(), "dict_keys"),
+        ({"a": [1, 2], "b": {1, 2}}, "set"),
+    ],
+)
+def test_unsplittable_inputs_are_refused(inputs: Any, kind: str, world: int) -> None:
+    # Before (issue 26): a set went whole to every process (each rank then worked on all of it).
+    with pytest.raises(TypeError) as caught:
+        _shares(inputs, world, apply_padding=False)
+    assert str(caught.value) == (
+        f"split_between_processes cannot split a `{kind}`: it has no length and order to share by position, so "
+        "every process would get all of it. Pass a list (for example `sorted(items)` or `list(items)`), a tuple, "
+        "a tensor, a dict of those, or a datasets.Dataset."
+    )
+
+
 SCRIPT = """
 import json, sys
 import torch

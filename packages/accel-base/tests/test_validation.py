@@ -16,6 +16,7 @@ import pytest
 import torch
 from accel import Accelerator, GradientAccumulationPlugin, InitProcessGroupKwargs, ProjectConfiguration
 from accel.checkpoint.state import list_checkpoints
+from accel.errors import PrepareError
 
 
 # ---- item 2: total_limit ------------------------------------------------------------------------------
@@ -125,31 +126,50 @@ def test_init_timeout_given_is_used() -> None:
     assert accelerator.state.timeout == timedelta(seconds=42)
 
 
-# ---- item 9: an optimizer over no prepared model's parameters -------------------------------------------
-def _prepare_warnings(accelerator: Accelerator, *objects: object) -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+# ---- item 9 (issue 14), an error since issue 26: an optimizer over no prepared model's parameters ----------
+DETACHED = (
+    "The SGD optimizer passed to `prepare` holds 2 parameter tensor(s), none of which belongs to a model prepared by "
+    "this Accelerator, so stepping it would train none of them. Build the optimizer from the model's own parameters "
+    "(`optimizer = torch.optim.AdamW(model.parameters())`) and pass both to the same `prepare` call. If it is meant "
+    "to train tensors outside every model, set ACCEL_ALLOW_DETACHED_OPTIMIZERS=1."
+)
+
+
+def _refusals(accelerator: Accelerator, *objects: object) -> list[str]:
+    """The detached-optimizer error `prepare` raises for `objects` ([] when it prepares them)."""
+    try:
         accelerator.prepare(*objects)
-    return [str(w.message) for w in caught if "optimizer passed to `prepare`" in str(w.message)]
+    except PrepareError as exc:
+        return [str(exc)]
+    return []
 
 
-def test_optimizer_over_another_models_parameters_warns() -> None:
+def test_optimizer_over_another_models_parameters_is_refused() -> None:
     accelerator = Accelerator(cpu=True)
     model, stray = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    found = _prepare_warnings(accelerator, model, torch.optim.SGD(stray.parameters(), lr=0.1))
-    assert len(found) == 1
-    assert "SGD optimizer" in found[0] and "2 parameter tensor(s)" in found[0]
-    assert "model.parameters()" in found[0]
+    assert _refusals(accelerator, model, torch.optim.SGD(stray.parameters(), lr=0.1)) == [DETACHED]
 
 
-def test_optimizer_prepared_after_a_different_model_warns() -> None:
+def test_optimizer_prepared_after_a_different_model_is_refused() -> None:
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(torch.nn.Linear(2, 2))
-    assert len(_prepare_warnings(accelerator, torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))) == 1
+    assert _refusals(accelerator, torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)) == [DETACHED]
+
+
+def test_detached_optimizer_allowed_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_ALLOW_DETACHED_OPTIMIZERS", "1")
+    accelerator = Accelerator(cpu=True)
+    extra = torch.nn.Parameter(torch.zeros(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # allowed means quiet
+        _, opt = accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD([extra], lr=0.5))
+    extra.grad = torch.ones(2)
+    opt.step()
+    assert extra.tolist() == [-0.5, -0.5]  # it trains the tensor it was given
 
 
 @pytest.mark.parametrize("case", ["together", "model_first", "partial", "no_model"])
-def test_optimizer_sharing_parameters_does_not_warn(case: str) -> None:
+def test_optimizer_sharing_parameters_is_accepted(case: str) -> None:
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)
     if case == "together":
@@ -162,10 +182,10 @@ def test_optimizer_sharing_parameters_does_not_warn(case: str) -> None:
         objects = (model, torch.optim.SGD([model.weight, extra], lr=0.1))
     else:  # no model prepared in this Accelerator: nothing to compare with
         objects = (torch.optim.SGD(model.parameters(), lr=0.1),)
-    assert _prepare_warnings(accelerator, *objects) == []
+    assert _refusals(accelerator, *objects) == []
 
 
-def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps_the_models_tensors(
+def test_an_optimizer_paired_with_its_model_is_accepted_when_the_adapter_swaps_the_models_tensors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A vendor that optimizes a model with its optimizer may keep the optimizer's tensors (as fp32
@@ -185,13 +205,13 @@ def test_an_optimizer_paired_with_its_model_does_not_warn_when_the_adapter_swaps
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert _prepare_warnings(accelerator, model, optimizer) == []
+    assert _refusals(accelerator, model, optimizer) == []
     # Not vacuous: the model's tensors are new and the optimizer still holds the old ones ...
     assert not {id(p) for p in model.parameters()} & {id(p) for g in optimizer.param_groups for p in g["params"]}
-    # ... and a stray optimizer in the same call is still reported.
+    # ... and a stray optimizer in the same call is still refused.
     other = torch.nn.Linear(2, 2)
     stray = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-    assert len(_prepare_warnings(Accelerator(cpu=True), other, torch.optim.SGD(other.parameters(), lr=0.1), stray)) == 1
+    assert _refusals(Accelerator(cpu=True), other, torch.optim.SGD(other.parameters(), lr=0.1), stray) == [DETACHED]
 
 
 def test_save_state_keyword_arguments_without_a_model_save_function_are_named(tmp_path: Path) -> None:

@@ -195,6 +195,7 @@ class Accelerator(AcceleratorCompatMixin):
             placement_default=self._placement_default,
             check_placement=self._check_placement,
             scheduler_options=self._scheduler_options,
+            allow_detached_optimizers=settings.env.allow_detached_optimizers,
         )
         """The prepare walk (`accel.prepare.walk`): `prepare` and `prepare_*` delegate to it."""
         self._tracker_hub = TrackerHub(

@@ -27,20 +27,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SHIM_DIR = Path(__file__).parent / "compat" / "_accelerate_shim"
-"""Directory holding the `accelerate` package that installs the alias; put it first on PYTHONPATH."""
+from .compat.borrowed import SHIM_DIR, real_accelerate_dir
+
+__all__ = ["SHIM_DIR", "install", "main", "real_accelerate_dir"]
 
 _FIXTURE_PACKAGES = ("accelerate.test_utils",)
-
-
-def real_accelerate_dir() -> Path | None:
-    """Where the real `accelerate` package is installed (None if it is not)."""
-    shim = str(SHIM_DIR.resolve())
-    paths = [p for p in sys.path if p and Path(p).resolve().as_posix() != shim]
-    spec = importlib.machinery.PathFinder.find_spec("accelerate", paths)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 class _ModuleView(ModuleType):
@@ -53,7 +44,36 @@ class _ModuleView(ModuleType):
         self._target = target
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
+        # accel's own name first; where accel has none (or only a stand-in that raises on use), the real
+        # Accelerate's stateless helper of that name (accel.compat.borrowed), cached here.
+        from .compat.borrowed import NOTHING, borrow
+        from .compat.table import Unsupported
+
+        try:
+            value = getattr(self._target, name)
+        except AttributeError:
+            value = borrowed = borrow(self.__name__, name)
+            if borrowed is NOTHING:
+                raise
+        else:
+            if not isinstance(value, Unsupported):
+                return value
+            borrowed = borrow(self.__name__, name)
+            value = value if borrowed is NOTHING else borrowed
+        setattr(self, name, value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds `accelerate.utils.tqdm` (the submodule) as `tqdm` on its parent; in
+        # Accelerate the function re-exported under that name wins, so it must here too.
+        if isinstance(value, ModuleType) and value.__name__ == f"{self.__name__}.{name}":
+            try:
+                existing = self.__getattr__(name)
+            except AttributeError:
+                existing = None
+            if existing is not None and not isinstance(existing, ModuleType):
+                return
+        super().__setattr__(name, value)
 
     def __dir__(self) -> list[str]:
         return dir(self._target)
@@ -64,7 +84,7 @@ class _AliasLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         target = importlib.import_module(spec.loader_state)
-        if hasattr(target, "__path__"):
+        if hasattr(target, "__path__") and target.__name__ == "accel" + spec.name[len("accelerate") :]:
             return target
         return _ModuleView(spec.name, target)
 
@@ -163,7 +183,7 @@ class AccelerateAlias(importlib.abc.MetaPathFinder):
             # `from accelerate.utils import missing_name` tries a submodule of that name last:
             # no module, so the ImportError names the missing attribute.
             return None
-        target_name = _closest_accel_module("accel" + fullname[len("accelerate") :])
+        target_name = _REDIRECTS.get(fullname) or _closest_accel_module("accel" + fullname[len("accelerate") :])
         if target_name is None:
             raise ModuleNotFoundError(
                 f"accel has no counterpart of `{fullname}`; docs/accelerate_compat.md lists what accel provides "
@@ -174,6 +194,9 @@ class AccelerateAlias(importlib.abc.MetaPathFinder):
         spec.submodule_search_locations = []
         return spec
 
+
+_REDIRECTS = {"accelerate.commands.launch": "accel.compat.launch_command"}
+"""Accelerate modules whose accel counterpart lives under another name."""
 
 # Accelerate's module paths, for when it is not installed to look them up.
 _KNOWN_MODULES = frozenset(
@@ -254,6 +277,20 @@ def _write_fixture_report() -> None:
             f.write(json.dumps({k: sorted(v) for k, v in FIXTURE_STUBS.items()}) + "\n")
 
 
+MIRRORED_VERSION = "1.15.0"
+"""The Accelerate release whose API accel mirrors: `accelerate.__version__` under the alias, so that
+libraries gating on Accelerate's version (peft, trl) take the code path written for that API."""
+
+
+def _top_level(accel: ModuleType) -> ModuleType:
+    """`accelerate` itself: accel's names (and borrowed helpers), reporting the mirrored version."""
+    top = _ModuleView("accelerate", accel)
+    top.__version__ = MIRRORED_VERSION  # type: ignore[attr-defined]
+    top.__spec__ = importlib.machinery.ModuleSpec("accelerate", _AliasLoader(), loader_state="accel", is_package=True)
+    top.__file__ = accel.__file__
+    return top
+
+
 FIXTURE_REPORT_ENV = "ACCEL_AS_ACCELERATE_FIXTURE_REPORT"
 """If set, a file each process appends `FIXTURE_STUBS` to (one JSON line) at exit."""
 
@@ -270,7 +307,7 @@ def install() -> None:
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         if not getattr(sys.modules[name], "__name__", "").startswith(("accel.", "accelerate.test_utils")):
             del sys.modules[name]
-    sys.modules["accelerate"] = accel
+    sys.modules["accelerate"] = _top_level(accel)
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(SHIM_DIR) not in entries:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(SHIM_DIR), *[e for e in entries if e]])

@@ -36,6 +36,11 @@ class CollectiveMismatchError(AccelError, ValueError):
     """Ranks passed tensors of different shapes or dtypes to one collective (debug mode)."""
 
 
+class CollectiveTimeoutError(AccelError, RuntimeError):
+    """A collective waited out the process group's timeout: the message names the operation, its call site and
+    the ranks that never arrived (`accel.distributed.watchdog`). A `RuntimeError`, as the backend's timeout is."""
+
+
 class CheckpointError(AccelError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 

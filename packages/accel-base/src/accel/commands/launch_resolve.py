@@ -20,6 +20,7 @@ from typing import Any
 from ..adapter import registry
 from ..compat.config_file import hardware_keys
 from ..compat.settings import SettingError, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
+from ..settings.launch import check_host
 from . import UsageError
 from .accelerate_flags import (
     DEEPSPEED_FLAGS,
@@ -211,6 +212,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise UsageError(f"--main-process-port must be a port number (1-65535), got {args.master_port}")
+    if args.master_addr is not None:
+        check_host("--main-process-ip", args.master_addr)  # a SettingError: one line, exit 2
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         raise UsageError(f"--gradient-accumulation-steps must be >= 1, got {args.gradient_accumulation_steps}")
     if args.timeout is not None and args.timeout <= 0:

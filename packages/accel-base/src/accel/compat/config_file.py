@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..settings.config_file import PRECISIONS, ConfigError
+from ..settings.launch import check_host
 from .settings import SettingError, as_bool, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
 
 STRATEGY_TYPES = {"FSDP": "fsdp2", "DEEPSPEED": "deepspeed", "MEGATRON_LM": "megatron"}
@@ -44,7 +45,6 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
         return ConfigError(f"{lines.get(key, 'config')}: {key}: {message}")
 
     dtype = str(data.get("distributed_type", "NO")).upper()
-    machines = data.get("num_machines", 1)
     hardware = dtype not in ("NO", "MULTI_CPU", *STRATEGY_TYPES)
     claimed, adapters = hardware_keys(dtype) if hardware else ({}, [])
     ignored: list[str] = []
@@ -65,6 +65,7 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
         except SettingError as exc:
             inner = f"{key}.{exc.key}"  # a key inside fsdp_config, deepspeed_config, ...
             raise fail(inner if inner in lines else key, str(exc).split(": ", 1)[1]) from None
+    machines = int(out.get("nnodes", 1))  # checked by its handler
     if ignored:  # one note naming them all: printed once per launch
         whose = (
             f"the {', '.join(adapters)} adapter calls them harmless"
@@ -83,8 +84,14 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
         # A hardware type (one vendor's devices): accel picks the adapter for what is installed.
         out["required_hardware"] = dtype
     processes = data.get("num_processes")
-    if isinstance(processes, int) and processes > 0:
-        if isinstance(machines, int) and machines > 1:
+    if processes == -1 and not isinstance(processes, bool):
+        processes = None  # Accelerate's ClusterConfig default: "not given" (then one per device, as in Accelerate)
+    if processes is not None:
+        try:
+            processes = _count("num_processes", processes)
+        except SettingError as exc:
+            raise fail("num_processes", str(exc).split(": ", 1)[1]) from None
+        if machines > 1:
             if processes % machines:
                 raise fail("num_processes", f"{processes} processes do not split evenly over {machines} machines")
             processes //= machines  # Accelerate counts every machine's processes; torchrun counts per node
@@ -143,6 +150,28 @@ def _int(key: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SettingError(key, f"expected an integer, got {value!r}")
     return value
+
+
+def _count(key: str, value: Any) -> int:
+    """A number of processes or machines: an integer >= 1 (never a default in its place)."""
+    if _int(key, value) < 1:
+        raise SettingError(key, f"expected an integer >= 1, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _port(key: str, value: Any) -> int:
+    if not 1 <= _int(key, value) <= 65535:
+        raise SettingError(key, f"expected a port number from 1 to 65535, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _machine_rank(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
+    machines = data.get("num_machines", 1)
+    machines = machines if isinstance(machines, int) and machines >= 1 else 1  # a bad count fails by its own name
+    if value is not None and not 0 <= _int(key, value) < machines:
+        raise SettingError(key, f"expected 0 <= machine_rank < num_machines ({machines}), got {value!r}")
+    if value is not None:
+        out["node_rank"] = value
 
 
 def _use_cpu(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
@@ -223,10 +252,10 @@ _HANDLERS: dict[str, Handler] = {
     "use_cpu": _use_cpu,
     "debug": _debug,
     "num_processes": _ignore,  # per node, once num_machines is known (above)
-    "num_machines": _set("nnodes", lambda k, v: str(_int(k, v))),
-    "machine_rank": _set("node_rank", _int),
-    "main_process_ip": _set("master_addr", lambda k, v: str(v)),
-    "main_process_port": _set("master_port", _int),
+    "num_machines": _set("nnodes", lambda k, v: str(_count(k, v))),
+    "machine_rank": _machine_rank,
+    "main_process_ip": _set("master_addr", lambda k, v: check_host(k, str(v))),
+    "main_process_port": _set("master_port", _port),
     "rdzv_backend": _set("rdzv_backend", lambda k, v: str(v)),
     "dynamo_config": _dynamo,
     "fsdp_config": _strategy_section("FSDP", fsdp_kwargs),

@@ -118,10 +118,12 @@ def prepare_data_loader(
     kwargs: dict[str, Any] = {name: getattr(dataloader, name) for name in _LOADER_ATTRS}
     if dataloader.num_workers > 0:
         kwargs["prefetch_factor"] = dataloader.prefetch_factor
-    # Under the seedable sampler (and when dispatching) the loader draws its worker seeds
-    # from a generator of its own, reseeded per epoch; by default it draws them from the
-    # global generator, as Accelerate's loaders do.
-    owns_generator = kwargs["generator"] is None and (use_seedable_sampler or dispatch)
+    # When dispatching, the loader draws its worker seeds from a generator of its own, reseeded
+    # per epoch; otherwise (the seedable sampler included, transformers' Trainer's default) it
+    # draws them from the global generator, as Accelerate's loaders do: that draw moves the
+    # global RNG, so dropout masks match Accelerate's only if it happens here too. Exact
+    # resume does not need the private generator: the epoch-start state is saved with the loader.
+    owns_generator = kwargs["generator"] is None and dispatch
     if owns_generator:
         kwargs["generator"] = torch.Generator()
     kwargs.update(extra_kwargs or {})

@@ -150,6 +150,13 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
             gens["loader"] = self.generator
         return gens
 
+    def epoch_rng_sizes(self) -> dict[str, int]:
+        """Bytes of each generator state `state_dict()["epoch_rng"]` holds (what a resumed epoch restores)."""
+        return {
+            name: (g.get_state() if g is not None else torch.get_rng_state()).numel()
+            for name, g in self._epoch_generators().items()
+        }
+
     def _start(self, resume_rng: dict[str, torch.Tensor] | None) -> Iterator[Any]:
         """Begin an epoch: synchronise `rng_types`, then create the batch iterator.
 
@@ -199,10 +206,18 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
             "batches_yielded": 0 if finished else self.batches_yielded,
             "seed": getattr(self._shard.sampler, "seed", None),
         }
-        if not finished and self._epoch_rng:
-            # The generator states this epoch started from (JSON-safe), for an exact mid-epoch resume.
+        if state["batches_yielded"] == 0:
+            # At an epoch boundary (or before the first batch) the next epoch starts from the generators'
+            # states now: the sampler's generator has moved on by this epoch's shuffle, and a resumed
+            # loader's would otherwise start over from where it was seeded. The global generator is left
+            # out: the checkpoint's RNG state restores it, and the draws until the next epoch follow.
+            rng = {name: g.get_state() for name, g in self._epoch_generators().items() if g is not None}
+        else:
+            # The generator states this epoch started from, for an exact mid-epoch resume.
+            rng = self._epoch_rng or {}
+        if rng:
             state["epoch_rng"] = {
-                name: base64.b64encode(t.numpy().tobytes()).decode("ascii") for name, t in self._epoch_rng.items()
+                name: base64.b64encode(t.numpy().tobytes()).decode("ascii") for name, t in rng.items()
             }
         return state
 
@@ -214,11 +229,17 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
             sampler.seed = int(state["seed"])
         self._resume_skip = int(state["batches_yielded"]) if self.stateful else 0
         self.batches_yielded = int(state["batches_yielded"])
-        saved = state.get("epoch_rng") or {}
-        self._resume_rng = {
+        saved = {
             name: torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
-            for name, text in saved.items()
-        } or None
+            for name, text in (state.get("epoch_rng") or {}).items()
+        }
+        if self.batches_yielded == 0:
+            # Saved at an epoch boundary: the next epoch's generators start where they stood.
+            for name, g in self._epoch_generators().items():
+                if g is not None and name in saved:
+                    g.set_state(saved[name])
+            saved = {}
+        self._resume_rng = saved or None
 
 
 def skip_first_batches(dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:

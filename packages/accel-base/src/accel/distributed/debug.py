@@ -29,27 +29,49 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, CollectiveTimeoutError
 
 _PREFIX = "accel_debug"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # accel/
 _SKIPPED_FILES = (os.path.join("", "contextlib.py"), os.path.join("", "functools.py"))
 _tracker: _Tracker | None = None
+_INTERNAL_FILES: dict[str, bool] = {}  # a code object's file name -> whether it is accel's (or contextlib's)
 
 
 def call_site() -> str:
     """`file:line` of the user's code that led here: the first frame outside accel (and contextlib)."""
-    frame = sys._getframe(1)
+    return format_site(*user_position(sys._getframe(1)))
+
+
+def user_position(frame: Any) -> tuple[Any, int]:
+    """(code object, instruction offset) of the first frame from `frame` outwards that is not accel's (nor
+    contextlib's, functools'), for `format_site`. Cheap enough for every collective (`accel.distributed.watchdog`):
+    one dict lookup per frame once a file has been seen, and the line is worked out only when it is shown."""
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep) and not filename.endswith(_SKIPPED_FILES):
-            try:
-                shown = os.path.relpath(filename)
-            except ValueError:  # another drive (Windows)
-                shown = filename
-            return f"{filename if shown.startswith('..') else shown}:{frame.f_lineno}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return "<unknown>"
+        code = frame.f_code
+        internal = _INTERNAL_FILES.get(code.co_filename)
+        if internal is None:
+            absolute = os.path.abspath(code.co_filename)
+            internal = absolute.startswith(_PACKAGE_DIR + os.sep) or absolute.endswith(_SKIPPED_FILES)
+            _INTERNAL_FILES[code.co_filename] = internal
+        if not internal:
+            return code, frame.f_lasti
+        frame = frame.f_back
+    return None, -1
+
+
+def format_site(code: Any, offset: int) -> str:
+    """`file:line` of the instruction at `offset` in `code`, the file relative to the working directory when
+    it lies below it."""
+    if code is None:
+        return "<unknown>"
+    line = next((n for start, end, n in code.co_lines() if start <= offset < end and n is not None), 0)
+    filename = os.path.abspath(code.co_filename)
+    try:
+        shown = os.path.relpath(filename)
+    except ValueError:  # another drive (Windows)
+        shown = filename
+    return f"{filename if shown.startswith('..') else shown}:{line}"
 
 
 def check_collective(
@@ -73,7 +95,7 @@ def check_collective(
         CollectiveMismatchError: on every rank, when the ranks called different collectives,
             passed tensors of different shapes, dtypes or device types, or a rank of the
             group has exited.
-        RuntimeError: a rank did not reach this collective within the process group's timeout.
+        CollectiveTimeoutError: a rank did not reach this collective within the process group's timeout.
     """
     tracker = _get_tracker()
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
@@ -201,7 +223,7 @@ class _Tracker:
         lines = "\n".join(
             f"  - rank {r}: {_last_call(p)}" for r, p in sorted(behind.items()) if not p or p["seq"] < seq
         )
-        raise RuntimeError(
+        raise CollectiveTimeoutError(
             f"Timed out after {timeout:g} s: {where} and waited for processes that never reached it:\n{lines}\n"
             "They are still computing, stuck in a collective debug mode does not check, or dead."
         )

@@ -20,6 +20,7 @@ from .debug import check_collective
 from .state import PartialState
 from .tree import concatenate, find_batch_size, is_namedtuple, recursively_apply, send_to_device
 from .tree import tensors_in as _tensors
+from .watchdog import watched
 
 __all__ = [
     "REDUCTIONS",
@@ -75,6 +76,7 @@ def _require_tensors(name: str, data: Any) -> None:
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+@watched("gather", group_at=1)
 def gather(tensor: Any, group: Any = None) -> Any:
     """Concatenate each tensor across processes along dim 0 (scalars become a 1-D tensor).
 
@@ -101,6 +103,7 @@ def _all_gather(t: torch.Tensor, world: int, group: Any = None) -> torch.Tensor:
     return out
 
 
+@watched("gather_object", group_at=1)
 def gather_object(obj: Any, group: Any = None) -> list[Any]:
     """Gather picklable objects from every process (or `group`); returns one flat list (rank order)."""
     distributed, world = _world(group)
@@ -116,6 +119,7 @@ def gather_object(obj: Any, group: Any = None) -> list[Any]:
     return flat
 
 
+@watched("broadcast")
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Every process receives `from_process`'s values, in place and returned."""
     distributed, _ = _world()
@@ -131,6 +135,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     return recursively_apply(_bcast, tensor)
 
 
+@watched("broadcast_object_list")
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Broadcast a list of picklable objects in place from `from_process`."""
     distributed, _ = _world()
@@ -152,6 +157,7 @@ REDUCTIONS = ("mean", "sum", "max", "min", "none")
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
+@watched("reduce", group_at=3)
 def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0, group: Any = None) -> Any:
     """All-reduce each tensor: "sum" (default), "mean", "max", "min" or "none"; the result is multiplied by `scale`.
 
@@ -185,6 +191,7 @@ class CannotPadNestedTensorWarning(UserWarning):
     """`pad_across_processes` met a nested tensor, which it leaves as is."""
 
 
+@watched("pad_across_processes")
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along `dim` to the largest size any process has, with `pad_index` (at the end, or at
     the start with `pad_first`). A tensor with fewer than `dim` dimensions is returned as is; so is a nested

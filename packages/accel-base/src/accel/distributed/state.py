@@ -11,7 +11,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MappingView
+from collections.abc import Set as AbstractSet
 from datetime import timedelta
 from functools import wraps
 from typing import Any, TypeVar
@@ -30,6 +31,9 @@ from .debug import check_collective
 from .distributed_type import DistributedType
 from .edge import build_env, member_miss, missing_member, register_edge
 from .gradient_state import GradientState
+from .watchdog import install as install_watchdog
+from .watchdog import uninstall as uninstall_watchdog
+from .watchdog import watched
 
 __all__ = [
     "AcceleratorState",
@@ -159,6 +163,8 @@ class PartialState:
         if launch.distributed or dist.is_initialized():
             self._init_process_group(launch, init_kwargs)
             self.distributed_type = self.adapter.data_parallel_type(True)
+            if self.num_processes > 1:
+                install_watchdog(warn_after=env.collective_warn_seconds, timeout=self.timeout.total_seconds())
         _register_exit_hook()
         self._initialized = True
 
@@ -273,6 +279,7 @@ class PartialState:
     def default_device(self) -> torch.device:
         return self.device
 
+    @watched("wait_for_everyone")
     def wait_for_everyone(self) -> None:
         """Barrier across all processes (a no-op with one process); checked first in debug mode (`accel.distributed.debug`)."""
         if self.use_distributed:
@@ -313,6 +320,7 @@ class PartialState:
         if self.fork_launched:
             return
         if self.owns_process_group and dist.is_initialized():
+            uninstall_watchdog()
             dist.destroy_process_group()
             self.owns_process_group = False
 
@@ -332,7 +340,10 @@ class PartialState:
 
         Raises:
             ValueError: dict values of different lengths.
+            TypeError: a set, a dict view, a generator or another iterator (or a dict holding one): it has no
+                order to split by (the message says to pass a list), with one process as with several.
         """
+        _check_splittable(inputs)
         if self.num_processes == 1:
             yield inputs
             return
@@ -399,6 +410,17 @@ def _restore_shared(obj: Any, state: dict[str, Any]) -> None:
         obj.__dict__ = shared
     else:
         obj.__dict__.update(state)
+
+
+def _check_splittable(inputs: Any) -> None:
+    values = inputs.values() if isinstance(inputs, dict) else (inputs,)
+    for value in values:
+        if isinstance(value, (AbstractSet, MappingView, Iterator)) or not hasattr(value, "__len__"):
+            raise TypeError(
+                f"split_between_processes cannot split a `{type(value).__name__}`: it has no length and order to "
+                "share by position, so every process would get all of it. Pass a list (for example `sorted(items)` or `list(items)`), a tuple, a tensor, "
+                "a dict of those, or a datasets.Dataset."
+            )
 
 
 def _split(inputs: Any, n: int, index: int, apply_padding: bool, device: torch.device) -> Any:

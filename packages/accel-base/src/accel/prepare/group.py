@@ -14,7 +14,6 @@ Two pieces the prepare walk (`Accelerator.prepare`) uses, independent of any str
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import PrepareError
+from ..settings.env import DETACHED_OPTIMIZERS_VARIABLE
 
 # Module-name prefixes that wrappers insert without changing which parameter is meant.
 _TRANSPARENT_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -232,9 +232,18 @@ def kind_of(obj: Any) -> str | None:
     return None
 
 
-def warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.nn.Module]) -> None:
-    """Warn about an optimizer that shares no parameter with any model of this Accelerator: it would train nothing."""
-    if not prepared_models:
+def check_detached_optimizers(
+    optimizers: list[Any], prepared_models: list[torch.nn.Module], *, allowed: bool = False
+) -> None:
+    """Refuse an optimizer that shares no parameter with any model of this Accelerator: it would train nothing.
+
+    `allowed` (`ACCEL_ALLOW_DETACHED_OPTIMIZERS=1`): the rare intended case (an optimizer over tensors outside
+    every model) passes.
+
+    Raises:
+        PrepareError: naming the optimizer, how many tensors it holds, and the two ways out.
+    """
+    if not prepared_models or allowed:
         return
     owned = {id(p) for model in prepared_models for p in model.parameters()}
     for obj in optimizers:
@@ -242,11 +251,10 @@ def warn_detached_optimizers(optimizers: list[Any], prepared_models: list[torch.
             continue
         params = optimizer_params(obj)
         if params and not any(id(p) in owned for p in params):
-            warnings.warn(
+            raise PrepareError(
                 f"The {type(obj).__name__} optimizer passed to `prepare` holds {len(params)} parameter tensor(s), none "
-                "of which belongs to a model prepared by this Accelerator, so stepping it trains none of them. Build "
-                "the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
-                "and pass both to the same `prepare` call, or build it from the prepared model's parameters.",
-                UserWarning,
-                stacklevel=4,
+                "of which belongs to a model prepared by this Accelerator, so stepping it would train none of them. "
+                "Build the optimizer from the model's own parameters (`optimizer = torch.optim.AdamW(model.parameters())`) "
+                "and pass both to the same `prepare` call. If it is meant to train tensors outside every model, set "
+                f"{DETACHED_OPTIMIZERS_VARIABLE}=1."
             )

@@ -40,11 +40,11 @@ from .group import (
     GroupIndex,
     ParameterMap,
     PrepareGroup,
+    check_detached_optimizers,
     group_objects,
     holds_parameters_of,
     is_prepared,
     kind_of,
-    warn_detached_optimizers,
 )
 from .wrappers import (
     AcceleratedOptimizer,
@@ -188,16 +188,20 @@ class PrepareWalk:
         placement_default: Callable[[], bool],
         check_placement: Callable[[torch.nn.Module, bool], bool],
         scheduler_options: Callable[[], dict[str, Any]],
+        allow_detached_optimizers: bool = False,
     ) -> None:
         """`context(**facts)`: the run's context with the facts of one object; `placement_default()`: the
         Accelerator's `device_placement`; `check_placement(model, placement)`: Accelerate's rules for
         quantized and `device_map` models (the placement to use); `scheduler_options()`: the
-        `AcceleratedScheduler` settings (`step_with_optimizer`, `split_batches`, `num_data_shards`)."""
+        `AcceleratedScheduler` settings (`step_with_optimizer`, `split_batches`, `num_data_shards`);
+        `allow_detached_optimizers`: accept an optimizer holding no prepared model's parameters
+        (`ACCEL_ALLOW_DETACHED_OPTIMIZERS`), else `prepare` refuses it."""
         self.prepared = prepared
         self._context = context
         self._placement_default = placement_default
         self._check_placement = check_placement
         self._scheduler_options = scheduler_options
+        self._allow_detached_optimizers = allow_detached_optimizers
         # Parameters that preparing a model replaced -> their replacements (optimizers are re-pointed).
         self.parameters: ParameterMap
         self._replaced_optimizers: dict[int, tuple[weakref.ref[Any], Any]]
@@ -258,13 +262,14 @@ class PrepareWalk:
         # construction, whatever the adapter's preparing then made of the two (a vendor may keep the
         # optimizer's tensors as masters and give the model new ones).
         paired_positions = {i for index in groups if index.model is not None for i in index.optimizers}
-        warn_detached_optimizers(
+        check_detached_optimizers(
             [
                 res.optimizer
                 for i, (obj, res) in enumerate(zip(objects, result))
                 if i not in paired_positions and getattr(res, "optimizer", None) is obj
             ],
             self.prepared.models,
+            allowed=self._allow_detached_optimizers,
         )
         for obj in result:
             try:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AccelError
+from ..errors import AccelError, SettingError
 from .env import read_env
+from .launch import check_host
 
 PRECISIONS = ("no", "bf16", "fp16", "fp8")
 _PHRASES = {
@@ -108,6 +109,13 @@ class AccelConfig:
             raise bad("machine_rank", f"0 <= machine_rank < num_machines ({self.num_machines})")
         if self.timeout is not None and self.timeout <= 0:
             raise bad("timeout", "a positive number of seconds")
+        if self.main_process_port is not None and not 1 <= self.main_process_port <= 65535:
+            raise bad("main_process_port", "a port number from 1 to 65535")
+        if self.main_process_ip is not None:
+            try:
+                check_host("main_process_ip", self.main_process_ip)
+            except SettingError:
+                raise bad("main_process_ip", "a host name or an IP address of the main node") from None
         self._validate_names(where)
 
     def _validate_names(self, where: dict[str, str]) -> None:
@@ -208,19 +216,42 @@ def default_config_path() -> Path:
     return Path(cache) / "accel" / "default_config.yaml"
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this (1 MiB) is refused unread: no real one comes near it."""
+MAX_CONFIG_DEPTH = 32
+"""Mappings and lists nested deeper than this are refused (PyYAML would recurse once per level)."""
+MAX_CONFIG_NODES = 100_000
+"""Values a config file may hold once its aliases are expanded (an alias bomb expands to billions)."""
+
+
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The file's top-level mapping and, for each key, "FILE:LINE".
 
+    The text must be UTF-8, at most `MAX_CONFIG_BYTES`, nested at most `MAX_CONFIG_DEPTH` deep and hold at
+    most `MAX_CONFIG_NODES` values with its aliases expanded; these are checked on the parser's event stream,
+    before anything is built.
+
     Raises:
-        ConfigError: missing file, invalid YAML, or not a mapping at the top.
+        ConfigError: missing file, not UTF-8, too large, too deep, too many values, invalid YAML, or not a
+            mapping at the top; one line naming the file.
     """
     import yaml  # type: ignore[import-untyped]
 
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; a config file holds a few keys")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save the file as UTF-8"
+        ) from None
+    try:
+        _check_shape(yaml.parse(text, Loader=yaml.SafeLoader), path)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -238,6 +269,45 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             for sub, _ in value.value:
                 lines[f"{key.value}.{sub.value}"] = f"{path}:{sub.start_mark.line + 1}"
     return data, lines
+
+
+def _check_shape(events: Any, path: Path) -> None:
+    """Refuse a document nested deeper than `MAX_CONFIG_DEPTH` or holding more than `MAX_CONFIG_NODES` values
+    once its aliases are expanded, from the parser's events (an iterative parser: no recursion, nothing built)."""
+    import yaml
+
+    sizes: dict[str, int] = {}  # anchor -> values under it, expanded
+    open_nodes: list[tuple[str | None, int]] = []  # (anchor, values so far) of each mapping/list being read
+    total = 0
+    for event in events:
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(open_nodes) >= MAX_CONFIG_DEPTH:
+                raise ConfigError(
+                    f"{path}:{event.start_mark.line + 1}: nested more than {MAX_CONFIG_DEPTH} levels deep; "
+                    "a config file holds a few levels of keys"
+                )
+            open_nodes.append((event.anchor, 1))
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, size = None, sizes.get(event.anchor, 1)
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = size
+        if open_nodes:
+            parent_anchor, parent_size = open_nodes[-1]
+            open_nodes[-1] = (parent_anchor, parent_size + size)
+        else:
+            total += size
+        if size > MAX_CONFIG_NODES or total > MAX_CONFIG_NODES:
+            raise ConfigError(
+                f"{path}:{event.start_mark.line + 1}: holds more than {MAX_CONFIG_NODES} values once its aliases "
+                "(*name) are expanded; write the values out, or remove the aliases"
+            )
 
 
 def is_accelerate_file(data: dict[str, Any]) -> bool:

@@ -21,9 +21,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
 
+from ..errors import SettingError
 from .launch import LaunchInfo, parse_launch
 
 _TRUE = ("1", "true", "yes", "on")
+DETACHED_OPTIMIZERS_VARIABLE = "ACCEL_ALLOW_DETACHED_OPTIMIZERS"
+"""Set to 1, `prepare` accepts an optimizer that holds no parameter of any prepared model (else an error)."""
+DEFAULT_COLLECTIVE_WARN_SECONDS = 60.0
+"""After how long a collective that waits is reported on every rank, unless `ACCEL_COLLECTIVE_WARN_SECONDS` says."""
 DYNAMO_KEYS = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
 """The `TorchDynamoPlugin` settings a launcher passes as `ACCEL_<KEY>` (`ACCEL_DYNAMO_MODE`, ...)."""
 PARALLELISM_KEYS = (
@@ -72,8 +77,13 @@ class EnvSettings:
     """`ACCEL_STRATEGY_CONFIG`: JSON keyword arguments of the strategy's config class, as a launcher wrote them."""
     timeout_text: str | None = None
     """`ACCEL_TIMEOUT` as set (seconds); read through `timeout`, which checks it."""
+    collective_warn_text: str | None = None
+    """`ACCEL_COLLECTIVE_WARN_SECONDS` as set; read through `collective_warn_seconds`, which checks it."""
     debug: bool = False
     """`ACCEL_DEBUG_MODE`: check every collective across ranks first; costs one small collective each."""
+    allow_detached_optimizers: bool = False
+    """`ACCEL_ALLOW_DETACHED_OPTIMIZERS`: `prepare` accepts an optimizer holding no prepared model's parameters
+    (tensors trained outside every model); without it that optimizer is refused as a mistake."""
     fork_launched: bool = False
     """`FORK_LAUNCHED`: set by `notebook_launcher`'s forked workers, whose launcher owns the process group."""
     gradient_accumulation_text: str = ""
@@ -126,6 +136,28 @@ class EnvSettings:
         return timedelta(seconds=seconds)
 
     @property
+    def collective_warn_seconds(self) -> float:
+        """`ACCEL_COLLECTIVE_WARN_SECONDS`: after how long a waiting collective is reported (`accel.distributed.watchdog`);
+        60 when unset, 0 turns the watchdog off.
+
+        Raises:
+            SettingError: the variable is not a number of seconds >= 0.
+        """
+        text = (self.collective_warn_text or "").strip()
+        if not text:
+            return DEFAULT_COLLECTIVE_WARN_SECONDS
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0 or seconds == float("inf"):
+            raise SettingError(
+                "ACCEL_COLLECTIVE_WARN_SECONDS",
+                f"expected a number of seconds >= 0 (0 turns the stuck-collective warning off), got {text!r}",
+            )
+        return seconds
+
+    @property
     def gradient_accumulation_steps(self) -> int | None:
         """`ACCEL_GRADIENT_ACCUMULATION_STEPS` as an int; None when unset or blank.
 
@@ -172,7 +204,9 @@ def read_env(environ: Mapping[str, str] | None = None) -> EnvSettings:
         strategy=env.get("ACCEL_STRATEGY"),
         strategy_config=_text(env, "ACCEL_STRATEGY_CONFIG"),
         timeout_text=env.get("ACCEL_TIMEOUT"),
+        collective_warn_text=env.get("ACCEL_COLLECTIVE_WARN_SECONDS"),
         debug=_flag(env, "ACCEL_DEBUG_MODE"),
+        allow_detached_optimizers=_flag(env, DETACHED_OPTIMIZERS_VARIABLE),
         fork_launched=_flag(env, "FORK_LAUNCHED"),
         gradient_accumulation_text=accumulation,
         gradient_accumulation_variable=(
