@@ -831,6 +831,9 @@ class Accelerator(AcceleratorCompatMixin):
     ) -> None:
         """Restore everything `save_state` saved. With no `input_dir`, the latest complete automatic checkpoint.
 
+        A folder written by Accelerate 1.15's `save_state` (one process, DDP, FSDP2 full or sharded) loads too,
+        its pickled files read without running code (`accel.checkpoint.accelerate_layout`; docs/checkpoints.md).
+
         Accelerate's extra arguments, as far as accel's loader can honour them: `map_location` ("cpu",
         "on_device" or None; states are read on the host and each optimizer moves its state to its parameters'
         device, which is where both choices end up); `load_kwargs={"weights_only": True}` (what accel always

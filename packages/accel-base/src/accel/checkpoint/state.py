@@ -26,7 +26,7 @@ import torch
 from ..distributed.tree import send_to_device
 from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
-from . import layout
+from . import accelerate_layout, layout
 from .io import (
     hash_file,
     load_safetensors,
@@ -306,7 +306,7 @@ def load_state(
     try:
         _, error = _attempt(lambda: _open_for_reading(locks, directory)) if locks is not None else (None, None)
         _raise_if_failed(_agree(ctx, error), error, what)
-        found, error = _attempt(lambda: _locate(directory))
+        found, error = _attempt(lambda: _locate(directory, ctx))
         _raise_if_failed(_agree(ctx, error), error, what)
         assert found is not None
 
@@ -383,12 +383,14 @@ def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
     return result
 
 
-def _locate(directory: Path) -> layout.Located:
+def _locate(directory: Path, ctx: RunContext) -> layout.Located:
     found = layout.locate(directory)
     if found is not None:
         return found
     if not directory.is_dir():
         raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
+    if accelerate_layout.is_accelerate_checkpoint(directory):
+        return accelerate_layout.locate(directory, ctx.process_index, ctx.device, announce=ctx.is_main_process)
     raise CheckpointError(
         f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
         "or is not an accel checkpoint. Load an earlier checkpoint."
