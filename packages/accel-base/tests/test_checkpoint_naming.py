@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from accel import Accelerator, ProjectConfiguration
-from accel.checkpoint.layout import STAGING
+from accel.checkpoint.layout import MARKER, STAGING
 from accel.checkpoint.state import MANIFEST, TMP_SUFFIX, list_checkpoints
 from accel.errors import CheckpointError
 from accel.state import AcceleratorState, GradientState
@@ -98,6 +98,7 @@ def test_latest_is_numeric_and_complete(tmp_path: Path) -> None:
     # Debris of crashed saves: a half-written staging directory (what a kill leaves now) and a
     # temporary sibling (what releases before in-place saves left).
     (root / "checkpoint_11" / STAGING).mkdir(parents=True)
+    (root / "checkpoint_11" / STAGING / MARKER).write_text("made by accel")
     (root / "checkpoint_11" / STAGING / "model.safetensors").write_bytes(b"half")
     (root / f"checkpoint_12{TMP_SUFFIX}").mkdir()
     assert _names(tmp_path) == ["checkpoint_9", "checkpoint_10"]

@@ -105,7 +105,83 @@ def test_deepspeed_checkpoint_without_deepspeed_names_the_extra(tmp_path: Path) 
 def test_remove_checkpoint_dir(sharded: Path, tmp_path: Path) -> None:
     import shutil
 
-    copy = tmp_path / "ckpt"
-    shutil.copytree(sharded / "ckpt", copy)
+    # As with Accelerate: the model's shard folder, every file of which it read, goes.
+    copy = tmp_path / "pytorch_model_fsdp_0"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
     merge_weights(copy, tmp_path / "merged", remove_checkpoint_dir=True)
     assert (tmp_path / "merged" / "model.safetensors").is_file() and not copy.exists()
+
+
+def test_an_output_inside_the_checkpoint_with_remove_is_refused_before_anything(sharded: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(sharded / "ckpt", copy)
+    before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
+    with pytest.raises(UsageError, match=r"would delete the merged file with the checkpoint\. Nothing was done"):
+        merge_weights(copy, copy / "merged", remove_checkpoint_dir=True)
+    assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before
+
+
+def test_remove_deletes_only_the_files_it_read(sharded: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(sharded / "ckpt", copy)
+    (copy / "notes.txt").write_text("mine")
+    merge_weights(copy, tmp_path / "merged", remove_checkpoint_dir=True)
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert not (copy / "pytorch_model_fsdp_0").exists() and not (copy / "accel_checkpoint.json").exists()
+    # Files it did not read stay: the user's, and the optimizer's shards.
+    assert (copy / "notes.txt").read_text() == "mine" and (copy / "optimizer_0" / ".metadata").is_file()
+
+
+def test_an_existing_output_file_is_refused_and_kept(sharded: Path, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_text("mine")
+    with pytest.raises(UsageError, match=r"model\.safetensors already exists: merge-weights does not overwrite it"):
+        merge_weights(sharded / "ckpt", tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").read_text() == "mine"
+
+
+def test_a_fifo_in_a_shards_place_is_refused_without_blocking(sharded: Path, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from test_checkpoint_paths import _within
+
+    copy = tmp_path / "shards"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
+    shard = next(copy.glob("*.distcp"))
+    shard.unlink()
+    os.mkfifo(shard)
+    error = _within(30, lambda: merge_weights(copy, tmp_path / "out"), fifo=shard)
+    assert isinstance(error, CheckpointError) and f"{shard.name} is a FIFO, not a regular file" in str(error), error
+
+
+def test_an_impossible_tensor_size_in_the_metadata_is_refused(sharded: Path, tmp_path: Path) -> None:
+    import pickle
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
+    metadata = pickle.loads((copy / ".metadata").read_bytes())  # written by this test's own run
+    fqn = next(k for k in metadata.state_dict_metadata if k.endswith("0.weight"))
+    metadata.state_dict_metadata[fqn].size = torch.Size([1 << 40, 1 << 20])
+    (copy / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=rf"records tensor '{fqn}' of shape \(1099511627776, 1048576\)"):
+        merge_weights(copy, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_accelerates_merge_fsdp_weights_refuses_an_output_it_would_delete(sharded: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from accel.compat.other import merge_fsdp_weights
+
+    copy = tmp_path / "pytorch_model_fsdp_0"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
+    before = sorted(p.name for p in copy.iterdir())
+    with pytest.raises(ValueError, match=r"would delete the merged file with the checkpoint\. Nothing was done"):
+        merge_fsdp_weights(str(copy), str(copy / "merged"), remove_checkpoint_dir=True)
+    assert sorted(p.name for p in copy.iterdir()) == before

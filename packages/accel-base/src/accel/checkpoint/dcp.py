@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
+import os
 import pickle
 import re
 import warnings
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, UnsafeCheckpointError
+from .io import check_regular
 
 SHARDED_NAME = re.compile(r"(pytorch_model_fsdp|optimizer)_\d+")
 """A sharded folder's name: `pytorch_model_fsdp_<i>` (a model) or `optimizer_<i>` (an optimizer)."""
@@ -50,28 +53,83 @@ def saved_entries(folder: Path, prefix: str) -> dict[str, Any]:
     }
 
 
-def read_full(folder: Path) -> dict[str, Any]:
+def read_full(folder: Path, read: list[Path] | None = None) -> dict[str, Any]:
     """Everything a sharded folder holds, whole, in host memory, read by this process alone.
 
     Returns the state as saved (`{"model": {...}}` or `{"optimizer": {"state": ..., "param_groups": ...}}`),
     every tensor gathered from all of the saving run's shards. Needs memory for the whole object; no other
-    process takes part, so a rank that reads while another fails waits in no collective.
+    process takes part, so a rank that reads while another fails waits in no collective. Appends every
+    file it reads to `read`.
 
     Raises:
-        CheckpointError: missing metadata, damaged or incomplete shards. UnsafeCheckpointError: an item would run code.
+        CheckpointError: missing metadata, damaged or incomplete shards, a shard that is not a regular file
+            inside `folder`, tensor sizes the shard files cannot hold. UnsafeCheckpointError: an item would run code.
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = safe_reader(folder).read_metadata()
+    files = shard_files(folder, metadata)
+    if read is not None:
+        read += [folder / ".metadata", *(path for path, _ in files)]
+    budget = None if _transformed(metadata) else sum(size for _, size in files)
     target: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
         # Non-tensor items (hyperparameters, parameter names) are filled in by the planner's load_bytes.
-        value = torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata) else None
+        value = _empty(folder, key, item, budget) if isinstance(item, TensorStorageMetadata) else None
         _place(target, (metadata.planner_data or {}).get(key, (key,)), value)
     with warnings.catch_warnings():  # reading without a process group is the point here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         load_into(target, folder, no_dist=True)
     return target
+
+
+def regular_size(path: Path) -> int:
+    """`path`'s size, once it is known to be a regular file (a FIFO would block its reader forever)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise CheckpointError(f"Sharded checkpoint file {path} cannot be read ({exc.strerror}).") from None
+    check_regular(path, st.st_mode)
+    return st.st_size
+
+
+def shard_files(folder: Path, metadata: Any) -> list[tuple[Path, int]]:
+    """The data files `metadata` points into, each checked (a plain name inside `folder`, regular) with its size."""
+    names = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
+    files = []
+    for name in names:
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise CheckpointError(
+                f"{folder / '.metadata'} points at {str(name)[:200]!r}, which is not a file in {folder}; nothing was "
+                "read. The metadata is corrupted."
+            )
+        files.append((folder / name, regular_size(folder / name)))
+    return files
+
+
+def _transformed(metadata: Any) -> bool:
+    """Whether any item was stored through an extension (compressed): its stored size says nothing of its own."""
+    return any(getattr(info, "transform_descriptors", None) for info in (metadata.storage_data or {}).values())
+
+
+def _empty(folder: Path, fqn: str, meta: Any, budget: int | None) -> torch.Tensor:
+    """An empty tensor for `meta`, refused when its size is impossible (more bytes than the shard files hold)."""
+    shape = tuple(meta.size)
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise CheckpointError(f"{folder / '.metadata'} records tensor {fqn!r} with shape {shape}: it is corrupted.")
+    nbytes = meta.properties.dtype.itemsize * math.prod(shape)
+    if budget is not None and nbytes > budget:
+        raise CheckpointError(
+            f"{folder / '.metadata'} records tensor {fqn!r} of shape {shape} ({nbytes} bytes), more than its shard "
+            f"files hold ({budget} bytes): the metadata is corrupted. Nothing was read."
+        )
+    try:
+        return torch.empty(shape, dtype=meta.properties.dtype)
+    except (RuntimeError, MemoryError) as exc:
+        raise CheckpointError(
+            f"Cannot hold tensor {fqn!r} of shape {shape} ({nbytes} bytes) in memory to read it whole "
+            f"({str(exc).splitlines()[0][:200]}). Read it on a machine with more memory."
+        ) from None
 
 
 def _place(tree: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
@@ -160,6 +218,7 @@ def safe_reader(path: Path) -> Any:
             meta_path = path / (".metadata" if rank is None else f"__{rank}.metadata")
             if not meta_path.is_file():
                 raise CheckpointError(f"Sharded checkpoint {path} has no metadata file ({meta_path.name}).")
+            regular_size(meta_path)
             with open(meta_path, "rb") as f:
                 try:
                     metadata = _MetadataUnpickler(f).load()
@@ -167,6 +226,7 @@ def safe_reader(path: Path) -> Any:
                     raise CheckpointError(f"{meta_path} is truncated or corrupted ({exc}).") from exc
             if not isinstance(metadata, Metadata):
                 raise CheckpointError(f"{meta_path} is not torch.distributed.checkpoint metadata.")
+            shard_files(path, metadata)  # plain names inside the folder, regular files: never read outside it
             storage_meta = metadata.storage_meta or StorageMeta()
             storage_meta.load_id = self.load_id
             metadata.storage_meta = storage_meta

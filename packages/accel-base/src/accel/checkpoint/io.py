@@ -7,7 +7,11 @@
   safetensors file is hashed right after it is written, while it is still in the page cache.
 - A reader given the expected hash deserialises the file while a thread hashes it in chunks:
   memory never holds a second copy of the file, and the page cache spares a second disk read.
-- Damaged files fail with a `CheckpointError` naming the file and what is wrong.
+- Damaged files fail with a `CheckpointError` naming the file and what is wrong; so does a
+  FIFO, device or socket in a file's place, refused by its type before anything opens it (a
+  FIFO would block the reader forever, `/dev/zero` would never end).
+- Ctrl-C during a write surfaces as `KeyboardInterrupt`, never as the error torch's archive
+  writer makes of it (`unexpected pos`); the temporary file is removed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import io
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,12 +72,40 @@ def _replace_into(path: Path, write: Callable[[Path], Any]) -> Any:
 
 
 def hash_file(path: str | os.PathLike[str]) -> str:
-    """SHA-256 of a file, read in chunks."""
+    """SHA-256 of a regular file, read in chunks.
+
+    Raises:
+        CheckpointError: `path` is a FIFO, device, socket or directory (naming it); nothing is read.
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; its type is refused right after.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        check_regular(Path(path), os.fstat(fd).st_mode)
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def describe_type(mode: int) -> str:
+    """What a non-regular file is, for messages ("a FIFO", "a character device", ...)."""
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
+def check_regular(path: Path, mode: int) -> None:
+    """Raise a `CheckpointError` naming `path` unless `mode` is a regular file's."""
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(
+            f"Checkpoint file {path} is {describe_type(mode)}, not a regular file; accel reads only regular files. "
+            "Put the checkpoint's file there, or load an earlier checkpoint."
+        )
 
 
 @functools.cache
@@ -89,8 +122,11 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
     after both reads: a file replaced or rewritten in between fails instead of loading bytes the
     hash did not see. A hash mismatch wins over a parse error: it says more about what happened.
     """
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint file {path} is missing.")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path} is missing.") from None
+    check_regular(path, mode)
     before = _identity(path)
     digest = _hash_pool().submit(hash_file, path) if sha256 is not None else None
     try:
@@ -114,6 +150,18 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
     return result
 
 
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit an exception was raised while handling, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (KeyboardInterrupt, SystemExit)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _identity(path: Path) -> tuple[int, int, int, int]:
     st = path.stat()
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
@@ -125,7 +173,15 @@ def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
     def write(tmp: Path) -> str:
         with open(tmp, "wb") as f:
             writer = _HashingWriter(f)
-            torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
+            try:
+                torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
+            except Exception as exc:
+                # torch's C++ archive writer turns an exception in `write` (Ctrl-C lands there
+                # often) into its own RuntimeError ("unexpected pos"): raise the interrupt itself.
+                interrupt = _interrupt_behind(exc)
+                if interrupt is not None:
+                    raise interrupt from None
+                raise
         return writer.sha256.hexdigest()
 
     return str(_replace_into(Path(path), write))

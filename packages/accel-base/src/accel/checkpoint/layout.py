@@ -15,8 +15,18 @@ directories are removed afterwards. A kill at any instant leaves one loadable ch
   either still in staging or already moved up; the next save finishes the move first;
 - otherwise none (the new one was not complete, and the old manifest was never moved).
 
+Only names accel creates are ever removed or moved, and only when they carry accel's mark:
+the staging directories hold a marker file (`.accel-owned`) from the moment they are made, and
+a folder of those names without it (and not empty, nor a finished staging with a manifest) makes
+the save stop with a `CheckpointError` saying to move it. Nothing here follows a symbolic link: a
+link is removed as a link, never through, and rotation skips a linked `checkpoint_<n>`. Every
+name a manifest lists must be a relative path inside the checkpoint (`Located.path` refuses a
+link out of it and anything that is not a regular file or a directory).
+
 Checkpoints written by accel before this layout (renamed into place whole) still load,
-including `<dir>.accel-old` left by a crash between that layout's two renames.
+including `<dir>.accel-old` left by a crash between that layout's two renames. Those
+siblings (`<dir>.accel-old`, `<dir>.accel-tmp`) carry no mark, so they are never removed:
+a save that finds a complete `<dir>.accel-old` says so once, and leaves it to the user.
 """
 
 from __future__ import annotations
@@ -25,25 +35,26 @@ import json
 import os
 import re
 import shutil
+import stat
 import warnings
 import zipfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from .io import load_json, save_json
+from .io import describe_type, load_json, save_json
 
 MANIFEST = "accel_checkpoint.json"
 STAGING = ".accel-staging"
 REPLACED = ".accel-replaced"
+MARKER = ".accel-owned"
+"""A file accel writes into each staging directory it makes: only a directory holding it (or empty) is removed."""
 TMP_SUFFIX = ".accel-tmp"
-"""Suffix of the sibling temporary directory of accel releases before in-place saves (removed when found)."""
+"""Suffix of the sibling temporary directory of accel releases before in-place saves (never removed: no mark)."""
 OLD_SUFFIX = ".accel-old"
 """Suffix of the sibling directory those releases left when killed between their two renames."""
 FORMAT_VERSION = 2
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Names accel writes into a checkpoint that Accelerate's save_state writes too (or an accel
 # checkpoint whose manifest was lost leaves): `seal` replaces such a file when it holds a checkpoint.
@@ -70,10 +81,17 @@ class Located:
     hashes: dict[str, str] = field(default_factory=dict)
 
     def path(self, name: str) -> Path:
-        """The file (or strategy directory) `name` of this checkpoint."""
-        if self.staged is not None and (self.staged / name).exists():
-            return self.staged / name
-        return self.directory / name
+        """The file (or strategy directory) `name` of this checkpoint.
+
+        Raises:
+            CheckpointError: `name` is a link out of the checkpoint directory, or neither a regular
+                file nor a directory (a FIFO, a device). A missing file is returned: its reader names it.
+        """
+        if not safe_name(name):
+            raise CheckpointError(f"{name!r} is not a file inside the checkpoint {self.directory}.")
+        if self.staged is not None and os.path.lexists(self.staged / name):
+            return inside(self.directory, self.staged / name)
+        return inside(self.directory, self.directory / name)
 
     def sha256(self, name: str) -> str | None:
         """The recorded hash of `name` (None for checkpoints written before hashes)."""
@@ -91,8 +109,40 @@ def owned_names(manifest: dict[str, Any]) -> list[str]:
     return [n for n in dict.fromkeys(str(n).split("/")[0] for n in names) if n and n not in (".", "..")]
 
 
+def safe_name(name: str) -> bool:
+    """Whether `name` is a relative path that stays inside the folder it is joined to (no `..`, not absolute)."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts)
+
+
+def inside(root: Path, path: Path) -> Path:
+    """`path`, checked to resolve inside `root` and to be a regular file or a directory (when it exists).
+
+    Raises:
+        CheckpointError: a link out of `root`, or a FIFO, device or socket (naming it).
+    """
+    if not os.path.lexists(path):
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise CheckpointError(
+            f"Checkpoint file {path} is a link to {target}, outside the checkpoint directory {root}; accel reads "
+            "only files inside it. Replace the link with the file itself."
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return path  # a dangling link: its reader reports the file missing
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise CheckpointError(
+            f"Checkpoint file {path} is {describe_type(mode)}, not a regular file; accel reads only regular files. "
+            "Load an earlier checkpoint."
+        )
+    return path
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
-    manifest = load_json(path)
+    manifest = load_json(inside(path.parent, path))
     if not isinstance(manifest, dict):
         raise CheckpointError(f"Checkpoint file {path} is corrupted: it is not an accel manifest.")
     for key in ("files", "rng_files", "strategy_files"):
@@ -107,6 +157,13 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"Checkpoint file {path} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, "
             f"got {_describe(hashes)}. Load an earlier checkpoint."
+        )
+    names = [*hashes, *manifest.get("files", []), *manifest.get("rng_files", []), *manifest.get("strategy_files", [])]
+    escaping = next((n for n in names if not safe_name(n)), None)
+    if escaping is not None:
+        raise CheckpointError(
+            f"Checkpoint file {path} is corrupted: it names {escaping[:200]!r}, which is not a file inside the "
+            "checkpoint (absolute, or with '..'). Nothing was read from it; load an earlier checkpoint."
         )
     return manifest
 
@@ -147,25 +204,6 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
         return False
 
 
-def list_checkpoints(project_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """Complete automatic checkpoints under `<project_dir>/checkpoints`, oldest first."""
-    root = Path(project_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = _CHECKPOINT_RE.match(entry.name)
-        if m and entry.is_dir() and is_complete(entry):
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
-
-
-def checkpoint_number(directory: str | os.PathLike[str]) -> int | None:
-    """N for an automatic checkpoint directory `checkpoint_N`, else None."""
-    m = _CHECKPOINT_RE.match(Path(directory).name)
-    return int(m.group(1)) if m else None
-
-
 def _sibling(directory: Path, suffix: str) -> Path:
     """`<directory><suffix>` beside it (absolute, so that "." has a name)."""
     directory = directory.absolute()
@@ -173,10 +211,8 @@ def _sibling(directory: Path, suffix: str) -> Path:
 
 
 # ---- the writer's side ------------------------------------------------------------------------
-def begin(final: Path) -> Path:
-    """Make `final` ready for a new checkpoint and return an empty staging directory in it.
-
-    Finishes a commit a crash interrupted and clears debris first.
+def make_directory(final: Path) -> None:
+    """Create `final` for a save (putting back `<final>.accel-old`, the old layout's crash leftover, if complete).
 
     Raises:
         CheckpointError: `final` exists and is not a directory.
@@ -185,30 +221,58 @@ def begin(final: Path) -> Path:
         raise CheckpointError(
             f"save_state needs a directory, but {final} is a file. Choose another output_dir, or move the file."
         )
-    legacy_tmp = _sibling(final, TMP_SUFFIX)
-    if legacy_tmp.is_dir():
-        shutil.rmtree(legacy_tmp)
     old = _sibling(final, OLD_SUFFIX)
     if not final.exists() and (old / MANIFEST).is_file():
         os.replace(old, final)
+    elif (old / MANIFEST).is_file():
+        warnings.warn(
+            f"Kept {old}: a complete checkpoint beside {final}, left by an accel release before in-place saves (or "
+            "copied there). accel no longer removes it; delete it once you no longer need it.",
+            UserWarning,
+            stacklevel=7,
+        )
     final.mkdir(parents=True, exist_ok=True)
-    recover(final)
+
+
+def begin(final: Path) -> Path:
+    """Finish a commit a crash interrupted, clear accel's debris, and return a new, empty staging directory.
+
+    Call with the directory's save lock and files lock held (`accel.checkpoint.lock`).
+
+    Raises:
+        CheckpointError: a folder of a name accel uses for staging is in the way, and is not accel's.
+    """
+    recover(final, strict=True)
     staging = final / STAGING
-    staging.mkdir()
+    _make_own(staging)
     return staging
 
 
-def recover(final: Path) -> None:
-    """Finish an interrupted commit (a complete staging directory) or remove incomplete debris."""
+def interrupted(final: Path) -> bool:
+    """Whether `final` holds a commit a crash interrupted (a complete staging directory, no manifest)."""
+    return not (final / MANIFEST).is_file() and (final / STAGING / MANIFEST).is_file()
+
+
+def recover(final: Path, *, strict: bool = False) -> None:
+    """Finish an interrupted commit (a complete staging directory), then remove accel's debris.
+
+    A staging or replaced directory without accel's marker is left alone; with `strict` (a save,
+    which needs the name) it raises a `CheckpointError` naming it. Call holding the files lock.
+    """
     staging = final / STAGING
-    if not (final / MANIFEST).is_file() and (staging / MANIFEST).is_file():
+    if interrupted(final) and ours(staging):
         _move_up(staging, final, _read_manifest(staging / MANIFEST))
     for debris in (staging, final / REPLACED):
-        if debris.exists():
-            shutil.rmtree(debris)
-    legacy_old = _sibling(final, OLD_SUFFIX)
-    if legacy_old.is_dir() and (final / MANIFEST).is_file():
-        shutil.rmtree(legacy_old)
+        if not os.path.lexists(debris):
+            continue
+        if ours(debris):
+            remove_entry(debris)
+        elif strict:
+            raise CheckpointError(
+                f"save_state cannot use {final}: {debris} is in the way. accel keeps its staging files under that "
+                f"name, and this one is not accel's (it has no {MARKER} marker). Nothing was changed; move or "
+                "rename it (delete it if it is debris of a save by an earlier accel release), then save again."
+            )
 
 
 def _previous(final: Path) -> dict[str, Any]:
@@ -286,7 +350,7 @@ def holds_a_checkpoint(path: Path) -> bool:
 def commit(staging: Path, final: Path) -> None:
     """Replace the previous checkpoint's files in `final` with the sealed staged checkpoint's."""
     replaced = final / REPLACED
-    replaced.mkdir()
+    _make_own(replaced)
     if (final / MANIFEST).is_file():
         # The manifest goes first: from here until the new one arrives, the staged checkpoint
         # (complete) is the one a load finds.
@@ -294,7 +358,7 @@ def commit(staging: Path, final: Path) -> None:
     # The previous checkpoint's files, and the unlisted checkpoint files `seal` accepted.
     new = _read_manifest(staging / MANIFEST)
     for name in dict.fromkeys([*owned_names(_previous(replaced)), *owned_names(new)]):
-        if (final / name).exists():
+        if os.path.lexists(final / name):
             os.replace(final / name, replaced / name)
     _move_up(staging, final, new)
     shutil.rmtree(replaced)
@@ -303,8 +367,8 @@ def commit(staging: Path, final: Path) -> None:
 
 def _move_up(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     for name in owned_names(manifest):
-        if (staging / name).exists():
-            if (final / name).is_dir():
+        if os.path.lexists(staging / name):
+            if (final / name).is_dir() and not (final / name).is_symlink():
                 shutil.rmtree(final / name)
             os.replace(staging / name, final / name)
     os.replace(staging / MANIFEST, final / MANIFEST)
@@ -315,27 +379,21 @@ def new_manifest(files: list[str], rng_files: list[str], hashes: dict[str, str],
     return {"format": FORMAT_VERSION, **extra, "files": files, "rng_files": rng_files, "sha256": hashes}
 
 
-def prune(project_dir: str | os.PathLike[str], total_limit: int, keep: Iterable[Path] = ()) -> None:
-    """Delete the oldest automatic checkpoints beyond `total_limit` (only the files accel wrote)."""
-    keep = {Path(p) for p in keep}
-    existing = [p for _, p in list_checkpoints(project_dir) if p not in keep]
-    excess = len(existing) + len(keep) - total_limit
-    for path in existing[: max(0, excess)]:
-        remove_checkpoint(path)
+def remove_entry(path: Path) -> None:
+    """Remove a file, a link (never what it points to) or a directory tree (whose links rmtree never follows)."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
-def remove_checkpoint(directory: Path) -> None:
-    """Remove the files of the checkpoint at `directory` (manifest first), and the directory if that empties it."""
-    found = locate(directory)
-    if found is None:
-        return
-    names = owned_names(found.manifest)
-    (directory / MANIFEST).unlink(missing_ok=True)
-    for name in [*names, STAGING, REPLACED]:
-        target = directory / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-    if not any(directory.iterdir()):
-        directory.rmdir()
+def _make_own(path: Path) -> None:
+    path.mkdir()
+    (path / MARKER).write_text("made by accel: a save's staging directory, removed when the save ends\n")
+
+
+def ours(path: Path) -> bool:
+    """Whether `path` is a directory accel made here (its marker, a finished staging's manifest, or empty)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return (path / MARKER).is_file() or (path / MANIFEST).is_file() or not any(path.iterdir())

@@ -38,16 +38,9 @@ from .io import (
     write_model_files,
     write_weights,
 )
-from .layout import (
-    MANIFEST,
-    OLD_SUFFIX,
-    TMP_SUFFIX,
-    checkpoint_number,
-    file_name,
-    is_complete,
-    list_checkpoints,
-    prune,
-)
+from .layout import MANIFEST, OLD_SUFFIX, TMP_SUFFIX, file_name, is_complete
+from .lock import CheckpointLocks
+from .rotation import checkpoint_number, list_checkpoints, prune
 from .validate import read_and_check, warn_if_unverified
 
 if TYPE_CHECKING:
@@ -150,28 +143,65 @@ def save_state(
     """
     final = _shared_directory(ctx, Path(output_dir))
     staging = final / layout.STAGING
-    writer = ctx.is_main_process or (ctx.save_on_each_node and ctx.is_local_main_process)
-    _, error = _attempt(lambda: layout.begin(final)) if writer else (None, None)
-    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
-
-    written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
-    results = _agree(ctx, error, written)
-    if any(msg is not None for msg, _ in results) and writer:
-        _remove(staging)
-    _raise_if_failed(results, error, f"save_state({final})")
-
-    error = None
-    if writer:
-        manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
-        _, error = _attempt(lambda: layout.seal(staging, final, manifest))
-        if error is not None:
-            _remove(staging)
+    what = f"save_state({final})"
+    writer = _writes(ctx)
+    # Only the writer locks (the other ranks follow it through `_agree`, so no rank waits for
+    # another's lock): the save lock for the whole save, the files lock while files change.
+    locks = CheckpointLocks(final, what) if writer else None
+    began = sealed = False
+    try:
+        if locks is not None:
+            _, error = _attempt(lambda: _begin(locks, final))
+            began = error is None
         else:
-            # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
-            # finished by the next save (layout.recover), so staging must stay.
-            _, error = _attempt(lambda: layout.commit(staging, final))
-    _raise_if_failed(_agree(ctx, error), error, f"save_state({final})")
+            error = None
+        _raise_if_failed(_agree(ctx, error), error, what)
+
+        written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
+        results = _agree(ctx, error, written)
+        if any(msg is not None for msg, _ in results) and writer:
+            _remove(staging)
+        _raise_if_failed(results, error, what)
+
+        error = None
+        if locks is not None:
+            manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
+            _, error = _attempt(locks.change_files)
+            if error is None:
+                _, error = _attempt(lambda: layout.seal(staging, final, manifest))
+            if error is not None:
+                _remove(staging)
+            else:
+                # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
+                # finished by the next save (layout.recover), so staging must stay.
+                sealed = True
+                _, error = _attempt(lambda: layout.commit(staging, final))
+            locks.release()
+        _raise_if_failed(_agree(ctx, error), error, what)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C (or SystemExit) on the writer: remove what this save staged, then let it through as it is.
+        if began and not sealed:
+            _remove(staging)
+        raise
+    finally:
+        if locks is not None:
+            locks.release()
     return final
+
+
+def _writes(ctx: RunContext) -> bool:
+    """Whether this rank writes (and so locks) the checkpoint directory."""
+    return ctx.is_main_process or (ctx.save_on_each_node and ctx.is_local_main_process)
+
+
+def _begin(locks: CheckpointLocks, final: Path) -> None:
+    layout.make_directory(final)
+    locks.for_save()
+    locks.change_files()
+    try:
+        layout.begin(final)
+    finally:
+        locks.done_changing()
 
 
 def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
@@ -270,42 +300,50 @@ def load_state(
     """
     directory = _shared_directory(ctx, Path(input_dir))
     what = f"load_state({directory})"
-    # A commit a crash interrupted is finished first (it moves only accel's own files), so
-    # that every reader, a strategy's included, finds the checkpoint in one directory.
-    _, error = _attempt(lambda: _finish_interrupted(directory)) if ctx.is_main_process else (None, None)
-    _raise_if_failed(_agree(ctx, error), error, what)
-    found, error = _attempt(lambda: _locate(directory))
-    _raise_if_failed(_agree(ctx, error), error, what)
-    assert found is not None
-
-    for hook in prepared.load_state_pre_hooks.values():
-        hook(prepared.models, str(directory))
-
-    custom = list(found.manifest.get("strategy_files", []))
-    if ctx.is_main_process:
-        warn_if_unverified(found)
-    plan, error = _attempt(lambda: read_and_check(prepared, ctx, found, strict, custom))
-    _raise_if_failed(_agree(ctx, error), error, what)
-    assert plan is not None
-
-    # Everything that can be undone first, agreed on by every rank; then a strategy's models and
-    # optimizers (it checks them before it changes anything); the default models last.
-    undo, error = _apply_undoable(ctx, plan)
-    results = _agree(ctx, error)
-    if any(msg is not None for msg, _ in results):
-        _undo(ctx, undo)
-    _raise_if_failed(results, error, what)
+    # The rank that writes the directory holds its files lock (shared) until every rank has read
+    # everything, so that no save moves a file meanwhile; the other ranks follow it through `_agree`.
+    locks = CheckpointLocks(directory, what) if _writes(ctx) else None
     try:
-        handled = ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
-    except Exception as exc:
+        _, error = _attempt(lambda: _open_for_reading(locks, directory)) if locks is not None else (None, None)
+        _raise_if_failed(_agree(ctx, error), error, what)
+        found, error = _attempt(lambda: _locate(directory))
+        _raise_if_failed(_agree(ctx, error), error, what)
+        assert found is not None
+
+        for hook in prepared.load_state_pre_hooks.values():
+            hook(prepared.models, str(directory))
+
+        custom = list(found.manifest.get("strategy_files", []))
+        if ctx.is_main_process:
+            warn_if_unverified(found)
+        plan, error = _attempt(lambda: read_and_check(prepared, ctx, found, strict, custom))
+        _raise_if_failed(_agree(ctx, error), error, what)
+        assert plan is not None
+
+        # Everything that can be undone first, agreed on by every rank; then a strategy's models and
+        # optimizers (it checks them before it changes anything); the default models last.
+        undo, error = _apply_undoable(ctx, plan)
+        results = _agree(ctx, error)
+        if any(msg is not None for msg, _ in results):
+            _undo(ctx, undo)
+        _raise_if_failed(results, error, what)
+        handled, error = _attempt(
+            lambda: ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
+        )
+        # Every rank has read its files once this returns: the lock can go.
+        results = _agree(ctx, error)
+    finally:
+        if locks is not None:
+            locks.release()
+    if error is not None or any(msg is not None for msg, _ in results):
         _undo(ctx, undo)
-        if isinstance(exc, CheckpointError):
-            raise
+        if error is None or isinstance(error, CheckpointError):
+            _raise_if_failed(results, error, what)
         raise CheckpointError(
-            f"{what} failed in the {type(ctx.strategy).__name__} strategy's loader ({type(exc).__name__}: {exc}). "
+            f"{what} failed in the {type(ctx.strategy).__name__} strategy's loader ({type(error).__name__}: {error}). "
             "The schedulers, data loaders, registered objects and random states were restored; the models and "
             "optimizers are as that strategy's loader left them."
-        ) from exc
+        ) from error
     if not handled and ctx.strategy.loads_checkpoint_models(prepared):
         _undo(ctx, undo)
         raise CheckpointError(
@@ -319,6 +357,21 @@ def load_state(
     return dict(found.manifest)
 
 
+def _open_for_reading(locks: CheckpointLocks, directory: Path) -> None:
+    """Take the files lock shared, finishing first a commit a crash interrupted (exclusively, moving only
+    accel's own files), so that every reader, a strategy's included, finds the checkpoint in one directory."""
+    locks.for_reading()
+    if layout.interrupted(directory):
+        locks.done_changing()
+        locks.change_files()
+        try:
+            if layout.interrupted(directory):
+                layout.recover(directory)
+        finally:
+            locks.done_changing()
+        locks.for_reading()
+
+
 def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
     """`fn()` on every rank; if it raised on any, the same `CheckpointError` on all of them.
 
@@ -328,11 +381,6 @@ def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
     result, error = _attempt(fn)
     _raise_if_failed(_agree(ctx, error), error, what)
     return result
-
-
-def _finish_interrupted(directory: Path) -> None:
-    if (directory / layout.STAGING / MANIFEST).is_file() and not (directory / MANIFEST).is_file():
-        layout.recover(directory)
 
 
 def _locate(directory: Path) -> layout.Located:

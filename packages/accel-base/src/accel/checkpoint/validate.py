@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +40,12 @@ def read_and_check(
     """
     plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
     rank, world = ctx.process_index, ctx.num_processes
-    # Files a strategy reads itself are verified here, each by one rank (they can be large).
-    for i, name in enumerate(sorted(n for n in found.hashes if n.split("/")[0] in custom)):
-        if i % world == rank and hash_file(found.path(name)) != found.hashes[name]:
+    # Files a strategy reads itself are verified here, each by one rank (they can be large);
+    # every one is first checked to be a regular file inside the checkpoint, on every rank.
+    names = sorted(n for n in found.hashes if n.split("/")[0] in custom)
+    paths = [found.path(name) for name in names]
+    for i, (name, path) in enumerate(zip(names, paths)):
+        if i % world == rank and hash_file(path) != found.hashes[name]:
             raise CheckpointError(
                 f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
                 "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
@@ -92,7 +96,7 @@ def read_and_check(
     if found.path("dataloaders.json").is_file() or "dataloaders.json" in found.hashes:
         path = found.path("dataloaders.json")
         states = load_json(path, sha256=found.sha256("dataloaders.json"))
-        check_loader_states(states, path)
+        check_loader_states(states, path, prepared.dataloaders)
         plan["objects"] += [(dl, st, path, "data loader") for dl, st in zip(prepared.dataloaders, states)]
     for i, obj in enumerate(prepared.custom_objects):
         name = f"custom_checkpoint_{i}.bin"
@@ -202,9 +206,14 @@ def check_mapping(value: Any, path: Path, what: str) -> None:
         raise CheckpointError(f"Checkpoint file {path} does not hold a {what} state (got {type(value).__name__}).")
 
 
-def check_loader_states(value: Any, path: Path) -> None:
+def check_loader_states(value: Any, path: Path, loaders: Sequence[Any] = ()) -> None:
     """`dataloaders.json` is a list of loader positions: `epoch` and `batches_yielded` (ints >= 0),
-    `seed` (an int or null) and `epoch_rng` (generator states, base64 text) when present."""
+    `seed` (an int or null) and `epoch_rng` (generator states, base64 text) when present.
+
+    With the live `loaders`, each saved generator state must be as long as the state of the
+    generator it goes back into (`epoch_rng_sizes`): a wrong one would load, then fail in torch
+    at the next iteration, naming no file.
+    """
     if not (isinstance(value, list) and all(isinstance(s, dict) for s in value)):
         raise CheckpointError(f"Checkpoint file {path} does not hold data loader positions. Nothing was loaded.")
     for i, state in enumerate(value):
@@ -220,6 +229,15 @@ def check_loader_states(value: Any, path: Path) -> None:
                 f"Checkpoint file {path} does not hold a position for data loader {i}: {', '.join(wrong)} missing or "
                 f"malformed (got {_brief(state)}). Nothing was loaded."
             )
+    for i, (loader, state) in enumerate(zip(loaders, value)):
+        sizes = loader.epoch_rng_sizes() if hasattr(loader, "epoch_rng_sizes") else {}
+        for name, text in (state.get("epoch_rng") or {}).items():
+            saved = len(_decoded(text))
+            if name in sizes and saved != sizes[name]:
+                raise CheckpointError(
+                    f"Checkpoint file {path} holds a {name!r} generator state of {saved} bytes for data loader {i}, "
+                    f"whose generator's state is {sizes[name]} bytes: it is corrupted. Nothing was loaded."
+                )
 
 
 def check_scaler_state(value: Any, live: dict[str, Any], path: Path) -> None:
@@ -302,13 +320,18 @@ def _count(value: Any) -> bool:
 
 
 def _base64(value: Any) -> bool:
-    import base64
     import binascii
 
     try:
-        return isinstance(value, str) and bool(base64.b64decode(value, validate=True))
+        return isinstance(value, str) and bool(_decoded(value))
     except (binascii.Error, ValueError):
         return False
+
+
+def _decoded(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text, validate=True)
 
 
 def _brief(value: Any) -> str:

@@ -7,13 +7,17 @@ CHECKPOINT_DIR is a folder `save_state` wrote under FSDP2 with SHARDED_STATE_DIC
 under DeepSpeed ZeRO (its engine checkpoint; needs deepspeed). The merged weights go to
 `OUTPUT_DIR/model.safetensors`. Runs on one CPU process and needs memory for the whole model.
 Sharded checkpoints are read with the same restricted readers as `load_state`: nothing in
-them can run code.
+them can run code. Every file is checked to be a regular file before it is opened (a FIFO or
+device in a shard's place is refused by name), tensor sizes in the metadata must fit the shard
+files, an existing merged file is never overwritten, and with `--remove_checkpoint_dir` only the
+files it read are deleted (never its own output: an output folder inside the checkpoint folder
+is refused before anything is read).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
         "--remove_checkpoint_dir",
         "--remove-checkpoint-dir",
         action="store_true",
-        help="delete the checkpoint folder once the merged file is written",
+        help="delete the files it merged (and the folder, once empty) after the merged file is written",
     )
     return p
 
@@ -52,16 +56,19 @@ def _dcp_folder(directory: Path) -> Path | None:
     return None
 
 
-def read_dcp_model(folder: Path) -> dict[str, Any]:
+def read_dcp_model(folder: Path, read: list[Path] | None = None) -> dict[str, Any]:
     """The full model state dict of a torch.distributed.checkpoint folder, on the CPU, in one process.
 
+    Appends every file it reads to `read`.
+
     Raises:
-        CheckpointError: damaged or incomplete shards. UnsafeCheckpointError: an item would run code.
+        CheckpointError: damaged or incomplete shards, a shard that is not a regular file, or tensor
+            sizes the shard files cannot hold. UnsafeCheckpointError: an item would run code.
     """
     from ..checkpoint.dcp import read_full
 
     # save_state writes {"model": state_dict}.
-    state = read_full(folder)
+    state = read_full(folder, read)
     if "model" not in state:
         what = "an optimizer checkpoint" if "optimizer" in state else "not a model checkpoint"
         raise CheckpointError(f"{folder} is {what}; merge the model's (pytorch_model_fsdp_0/)")
@@ -94,16 +101,42 @@ def merge_weights(
 ) -> Path:
     """Merge the sharded model weights in `checkpoint_dir` into `output_path/model.safetensors`.
 
-    Returns the written file. Raises `UsageError` for a folder that holds no sharded
-    checkpoint (saying what it expected), `CheckpointError` for damaged shards.
+    Returns the written file. With `remove_checkpoint_dir`, afterwards deletes the files it read
+    (an accel checkpoint's manifest first, so that what remains never passes for a complete
+    checkpoint) and every folder that empties; anything else in the folder is kept, and named.
+
+    Raises:
+        UsageError: a folder that holds no sharded checkpoint (saying what it expected), an existing
+            output file, an output folder inside the checkpoint folder with `remove_checkpoint_dir`.
+        CheckpointError: damaged shards, a shard that is not a regular file.
     """
     directory, output = Path(checkpoint_dir), Path(output_path)
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a folder")
+    target = output / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
+    if remove_checkpoint_dir and output.resolve().is_relative_to(directory.resolve()):
+        raise UsageError(
+            f"--remove_checkpoint_dir with an output_path inside the checkpoint folder ({output} is in {directory}) "
+            "would delete the merged file with the checkpoint. Nothing was done; choose an output_path outside it"
+        )
+    if os.path.lexists(target):
+        raise UsageError(
+            f"{target} already exists: merge-weights does not overwrite it. Move it, or choose another output_path"
+        )
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"output_path {output} is a file, not a folder. Choose another output_path")
     folder = _dcp_folder(directory)
+    read: list[Path] = []
     if folder is not None:
-        state = read_dcp_model(folder)
+        _verify_against_manifest(directory, folder.glob("*"))
+        state = read_dcp_model(folder, read)
     elif any(directory.glob("*/*model_states.pt")):
+        from ..checkpoint.dcp import regular_size
+
+        read = sorted(directory.glob("*/*_states.pt"))
+        for path in read:
+            regular_size(path)
+        _verify_against_manifest(directory, read)
         state = read_deepspeed_model(directory)
     elif (directory / "model.safetensors").is_file():
         raise UsageError(f"{directory} holds full weights already (model.safetensors): there is nothing to merge")
@@ -113,19 +146,59 @@ def merge_weights(
             "(FSDP2, SHARDED_STATE_DICT), a torch.distributed.checkpoint folder (.metadata), or a DeepSpeed one"
         )
     output.mkdir(parents=True, exist_ok=True)
-    if safe_serialization:
-        from safetensors.torch import save_file
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        if safe_serialization:
+            from safetensors.torch import save_file
 
-        target = output / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in state.items()}, str(target), metadata={"format": "pt"})
-    else:
-        import torch
+            save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
+        else:
+            import torch
 
-        target = output / "pytorch_model.bin"
-        torch.save(state, target)
+            torch.save(state, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     if remove_checkpoint_dir:
-        shutil.rmtree(directory)
+        _remove_read(directory, read)
     return target
+
+
+def _verify_against_manifest(directory: Path, paths: Any) -> None:
+    """Where `directory` is an accel checkpoint, each shard must match the SHA-256 its manifest records."""
+    from ..checkpoint.io import hash_file
+    from ..checkpoint.layout import locate
+
+    found = locate(directory)
+    if found is None:
+        return
+    for path in sorted(paths):
+        recorded = found.sha256(path.relative_to(directory).as_posix())
+        if recorded is not None and hash_file(found.path(path.relative_to(directory).as_posix())) != recorded:
+            raise CheckpointError(
+                f"Sharded checkpoint file {path} does not match the SHA-256 its checkpoint's manifest records: it is "
+                "truncated or corrupted. Nothing was merged."
+            )
+
+
+def _remove_read(directory: Path, read: list[Path]) -> None:
+    """Delete the files merged (an accel manifest first), then each folder they leave empty; say what stays."""
+    from ..checkpoint.layout import MANIFEST
+
+    (directory / MANIFEST).unlink(missing_ok=True)  # what remains is no longer a complete checkpoint
+    for path in read:
+        path.unlink(missing_ok=True)  # a link goes as a link
+    for parent in sorted({p.parent for p in read}, key=lambda p: len(p.parts), reverse=True):
+        for folder in [parent, *parent.parents]:
+            if not folder.is_relative_to(directory) or folder.is_symlink() or any(folder.iterdir()):
+                break
+            folder.rmdir()
+    if directory.exists():
+        kept = sorted(p.name for p in directory.iterdir())
+        print(
+            f"accel merge-weights: kept {directory}: it holds files merge-weights did not read "
+            f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''}); delete them yourself if you no longer need them"
+        )
 
 
 def merge_weights_command(argv: Sequence[str]) -> int:

@@ -135,12 +135,18 @@ def merge_fsdp_weights(
 
     Raises:
         FileNotFoundError: `checkpoint_dir` is not a distributed-checkpoint directory (no `.metadata`).
+        ValueError: `remove_checkpoint_dir` with an `output_path` inside `checkpoint_dir` (before anything is read).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     source = Path(checkpoint_dir)
+    if remove_checkpoint_dir and Path(output_path).resolve().is_relative_to(source.resolve()):
+        raise ValueError(
+            f"merge_fsdp_weights(remove_checkpoint_dir=True) with output_path {output_path} inside {source} would "
+            "delete the merged file with the checkpoint. Nothing was done; choose an output_path outside it."
+        )
     if not (source / ".metadata").is_file():
         raise FileNotFoundError(
             f"{source} is not a sharded (torch.distributed.checkpoint) directory: it has no .metadata file."

@@ -150,6 +150,13 @@ class DataLoaderShard(DataLoader):  # type: ignore[type-arg]
             gens["loader"] = self.generator
         return gens
 
+    def epoch_rng_sizes(self) -> dict[str, int]:
+        """Bytes of each generator state `state_dict()["epoch_rng"]` holds (what a resumed epoch restores)."""
+        return {
+            name: (g.get_state() if g is not None else torch.get_rng_state()).numel()
+            for name, g in self._epoch_generators().items()
+        }
+
     def _start(self, resume_rng: dict[str, torch.Tensor] | None) -> Iterator[Any]:
         """Begin an epoch: synchronise `rng_types`, then create the batch iterator.
 
