@@ -77,6 +77,11 @@ NOTES = {
     "SAMPLER_NAME": "Accelerate's value; accel never writes it (loader positions are in `dataloaders.json`)",
     "PROFILE_PATTERN_NAME": "Accelerate's value; `Accelerator.profile` writes `trace_rank<r>.json`, not `profile_rank<r>.json`",
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
+    "save_fsdp_model": "FSDP2 only; Accelerate's files (`pytorch_model_fsdp.bin` or `pytorch_model_fsdp_<i>/` by "
+    "`state_dict_type`), which Accelerate's loader reads; what `Trainer` saves its FSDP checkpoints with",
+    "load_fsdp_model": "FSDP2 only; reads Accelerate's files with restricted readers (nothing in them runs code)",
+    "save_fsdp_optimizer": "FSDP2 only; Accelerate's files (`optimizer.bin` keyed by name, or `optimizer_<i>/`)",
+    "load_fsdp_optimizer": "FSDP2 only; reads Accelerate's files with restricted readers (nothing in them runs code)",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
     "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
     "parallelism_config": "the ParallelismConfig given (or built from a launcher's settings): sharded sizes compose on FSDP2, replicate-only configs run as DDP",

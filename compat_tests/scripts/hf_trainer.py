@@ -5,7 +5,8 @@
 Nothing is downloaded: models come from small configs, data is synthetic, the tokenizer is built in
 code. In one process, in turn:
 1. `Trainer` trains a tiny BERT classifier for 2 epochs (evaluating and checkpointing every epoch);
-2. (ddp) a second `Trainer` resumes from the epoch-1 checkpoint (`train(resume_from_checkpoint=...)`);
+2. a second `Trainer` resumes from the epoch-1 checkpoint (`train(resume_from_checkpoint=...)`; under FSDP
+   through `accelerate.utils.load_fsdp_model`/`load_fsdp_optimizer`);
 3. (ddp) `Trainer` trains a peft LoRA adapter on a tiny GPT-2, then trl's `SFTTrainer` fine-tunes
    another (both prepare through `Accelerator.prepare`).
 Rank 0 writes what a comparison needs to OUT_DIR/result.pt: every logged loss and eval metric, the
@@ -89,41 +90,39 @@ def history(trainer: Trainer) -> list:
 
 result: dict = {}
 train, evaluate = Synthetic(64, 1), Synthetic(24, 2)
-# 1. Trainer, 2 epochs, evaluation and a checkpoint at each epoch's end. (Under FSDP, Trainer's checkpoints
-# go through Accelerate's save_fsdp_optimizer/load_fsdp_model, which accel does not provide: the model is
-# saved with save_model instead, and there is no resume.)
-epochs = {"num_train_epochs": 2, "eval_strategy": "epoch", "save_strategy": "epoch" if mode == "ddp" else "no"}
-trainer = Trainer(
-    model=bert(),
-    args=arguments(out / "run", **epochs),
-    train_dataset=train,
-    eval_dataset=evaluate,
-    compute_metrics=accuracy,
-)
+# 1. Trainer, 2 epochs, evaluation and a checkpoint at each epoch's end. (Under FSDP, Trainer writes the
+# model and optimizer through `accelerate.utils.save_fsdp_model`/`save_fsdp_optimizer`, next to its
+# model.safetensors.)
+
+
+def classifier_trainer(directory: Path) -> Trainer:
+    epochs = {"num_train_epochs": 2, "eval_strategy": "epoch", "save_strategy": "epoch"}
+    return Trainer(
+        model=bert(),
+        args=arguments(directory, **epochs),
+        train_dataset=train,
+        eval_dataset=evaluate,
+        compute_metrics=accuracy,
+    )
+
+
+trainer = classifier_trainer(out / "run")
 trainer.train()
 result["sharded"] = any(type(p).__name__ == "DTensor" for p in trainer.model_wrapped.parameters())
 result["history"] = history(trainer)
 result["weights"] = final_weights(trainer)
 first = out / "run" / f"checkpoint-{trainer.state.max_steps // 2}"
-if mode == "fsdp2":
-    trainer.save_model(str(out / "saved"))
-    first = out / "saved"
 if trainer.is_world_process_zero():
     result["checkpoint"] = load_file(first / "model.safetensors")
+    result["checkpoint_files"] = sorted(p.name for p in first.iterdir())
+
+# 2. Trainer's own resume, from the first epoch's checkpoint (under FSDP: load_fsdp_model/load_fsdp_optimizer).
+resumed = classifier_trainer(out / "resumed")
+resumed.train(resume_from_checkpoint=str(first))
+result["resumed_history"] = history(resumed)
+result["resumed_weights"] = final_weights(resumed)
 
 if mode == "ddp":
-    # 2. Trainer's own resume, from the first epoch's checkpoint.
-    resumed = Trainer(
-        model=bert(),
-        args=arguments(out / "resumed", **epochs),
-        train_dataset=train,
-        eval_dataset=evaluate,
-        compute_metrics=accuracy,
-    )
-    resumed.train(resume_from_checkpoint=str(first))
-    result["resumed_history"] = history(resumed)
-    result["resumed_weights"] = final_weights(resumed)
-
     # 3. A peft LoRA adapter on a tiny GPT-2, through Trainer, then trl's SFTTrainer.
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -152,6 +152,7 @@ from .settings.kwargs import (
 )
 from .strategies.deepspeed.config import DeepSpeedPlugin, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
+from .strategies.fsdp_files import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 from .strategies.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
 
 # Accelerate's file-name constants (`accelerate.utils.constants`), with its values. What accel writes:
@@ -353,6 +354,10 @@ __all__ = [
     "load",
     "merge_dicts",
     "merge_fsdp_weights",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
     "model_has_dtensor",
     "pad_across_processes",
     "pad_input_tensors",

@@ -48,8 +48,8 @@ A module and its submodules; nothing else of Accelerate is ever executed under t
 HELPER_NAMES: dict[str, frozenset[str]] = {
     "utils.fsdp_utils": frozenset({"get_parameters_from_modules", "get_module_children_bottom_up"}),
 }
-"""Modules of which only some names are helpers: the rest (saving and loading FSDP checkpoints) is
-accel's concern, done by its FSDP strategy, and stays accel's stand-in that says so."""
+"""Modules of which only some names are helpers: the rest is accel's concern (saving and loading FSDP
+checkpoints: accel's own `save_fsdp_model`, ..., in `accel.strategies.fsdp_files`) or a stand-in that says why not."""
 
 _LOADED: dict[str, ModuleType] = {}
 

@@ -75,7 +75,7 @@ REASONS: dict[str, str] = {
     r"device_mesh|parallelism_config": (
         "read them from the Accelerator: `accelerator.torch_device_mesh`, `accelerator.parallelism_config`"
     ),
-    r"fsdp2_.*|(load|save)_fsdp_(model|optimizer)|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
+    r"fsdp2_.*|(enable|disable)_fsdp_ram_efficient_loading": _STRATEGY,
     r"ensure_weights_retied|get_fsdp2_grad_scaler|compile_regions_(fsdp2|deepspeed)|GatheredParameters": _STRATEGY,
     r"deepspeed_engine_wrapped": (
         "the engines are the prepared models; `Accelerator.backward` runs the one prepared with an optimizer "

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ..prepare.prepared import Prepared, RunContext
 
 
-def _options(**kwargs: Any) -> Any:
+def state_dict_options(**kwargs: Any) -> Any:
+    """torch's `StateDictOptions(**kwargs)` (imported when first needed)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(**kwargs)
@@ -52,7 +53,9 @@ def gather_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict on the main process (others get `{}`), in host memory."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state: dict[str, Any] = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+    state: dict[str, Any] = get_model_state_dict(
+        model, options=state_dict_options(full_state_dict=True, cpu_offload=True)
+    )
     return state
 
 
@@ -60,14 +63,15 @@ def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Ten
     """Load a full state dict (present on every process) into the shards of `model`."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, dict(state_dict), options=_options(full_state_dict=True, strict=strict))
+    set_model_state_dict(model, dict(state_dict), options=state_dict_options(full_state_dict=True, strict=strict))
 
 
 def _file(kind: str, i: int, ext: str) -> str:
     return f"{kind}.{ext}" if i == 0 else f"{kind}_{i}.{ext}"
 
 
-def _inner(optimizer: Any) -> torch.optim.Optimizer:
+def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a prepared (wrapped) one, or `optimizer` itself."""
     return getattr(optimizer, "optimizer", optimizer)  # type: ignore[no-any-return]
 
 
@@ -108,7 +112,7 @@ def save_models_and_optimizers(
                 ckpt.save_torch({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, directory / name)
         files.append(name)
     for i, opt in enumerate(prepared.optimizers):
-        inner = _inner(opt)
+        inner = inner_optimizer(opt)
         owner = _owner(inner, prepared.models)
         if owner is not None and sharded:
             name = optimizer_folder(i)
@@ -118,7 +122,9 @@ def save_models_and_optimizers(
             state = (
                 inner.state_dict()
                 if owner is None
-                else get_optimizer_state_dict(owner, inner, options=_options(full_state_dict=True, cpu_offload=True))
+                else get_optimizer_state_dict(
+                    owner, inner, options=state_dict_options(full_state_dict=True, cpu_offload=True)
+                )
             )
             if writer:
                 ckpt.save_torch(state, directory / name)
@@ -185,7 +191,7 @@ def _read_and_check(prepared: Prepared, directory: Path, strict: bool) -> dict[s
         check_model_state(live, state_dict, path, strict=strict)
         plan["models"].append({"model": model, "state": state_dict})
     for i, opt in enumerate(prepared.optimizers):
-        inner = _inner(opt)
+        inner = inner_optimizer(opt)
         owner = _owner(inner, prepared.models)
         folder = directory / optimizer_folder(i)
         entry = {"opt": opt, "inner": inner, "owner": owner}
@@ -266,7 +272,7 @@ def _apply(ctx: RunContext, plan: dict[str, Any], strict: bool) -> None:
 
     for entry in plan["models"]:
         if "folder" in entry:
-            set_model_state_dict(entry["model"], entry["state"], options=_options(strict=strict))
+            set_model_state_dict(entry["model"], entry["state"], options=state_dict_options(strict=strict))
         else:
             ctx.strategy.load_full_state_dict(strip_compile(entry["model"]), entry["state"], strict=strict)
     for entry in plan["optimizers"]:
@@ -275,5 +281,5 @@ def _apply(ctx: RunContext, plan: dict[str, Any], strict: bool) -> None:
         else:
             full = "folder" not in entry
             set_optimizer_state_dict(
-                entry["owner"], entry["inner"], entry["state"], options=_options(full_state_dict=full)
+                entry["owner"], entry["inner"], entry["state"], options=state_dict_options(full_state_dict=full)
             )
