@@ -185,3 +185,37 @@ def test_accelerates_merge_fsdp_weights_refuses_an_output_it_would_delete(sharde
     with pytest.raises(ValueError, match=r"would delete the merged file with the checkpoint\. Nothing was done"):
         merge_fsdp_weights(str(copy), str(copy / "merged"), remove_checkpoint_dir=True)
     assert sorted(p.name for p in copy.iterdir()) == before
+
+
+def test_accelerates_merge_fsdp_weights_reads_safely_replaces_its_output_and_deletes_only_what_it_read(
+    sharded: Path, tmp_path: Path
+) -> None:
+    import pickle
+    import shutil
+
+    from accel.compat.other import merge_fsdp_weights
+    from accel.errors import UnsafeCheckpointError
+
+    copy = tmp_path / "pytorch_model_fsdp_0"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", copy)
+    (copy / "notes.txt").write_text("mine")
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "model.safetensors").write_text("an older merge")  # Accelerate's function replaces it
+    merge_fsdp_weights(str(copy), str(out), remove_checkpoint_dir=True)
+    reference = load_file(sharded / "reference.safetensors")
+    merged = load_file(out / "model.safetensors")
+    assert set(merged) == set(reference)
+    for name, value in reference.items():
+        torch.testing.assert_close(merged[name], value, rtol=0, atol=0)
+    assert sorted(p.name for p in copy.iterdir()) == ["notes.txt"], "only the files it read were deleted"
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"], "no temporary file is left"
+
+    # A metadata file that would run code on unpickling is refused: the restricted reader, not torch's.
+    crafted = tmp_path / "crafted"
+    shutil.copytree(sharded / "ckpt" / "pytorch_model_fsdp_0", crafted)
+    (crafted / ".metadata").write_bytes(pickle.dumps(print))
+    with pytest.raises(UnsafeCheckpointError, match=r"references builtins\.print"):
+        merge_fsdp_weights(str(crafted), str(tmp_path / "out2"))
+    with pytest.raises(ValueError, match=r"couldn't find a valid metadata file: it does not exist"):
+        merge_fsdp_weights(str(tmp_path / "missing"), str(tmp_path / "out3"))

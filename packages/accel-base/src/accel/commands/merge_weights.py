@@ -98,10 +98,13 @@ def merge_weights(
     output_path: str | Path,
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
+    *,
+    overwrite: bool = False,
 ) -> Path:
     """Merge the sharded model weights in `checkpoint_dir` into `output_path/model.safetensors`.
 
-    Returns the written file. With `remove_checkpoint_dir`, afterwards deletes the files it read
+    Returns the written file, which replaces an existing one (atomically) only with `overwrite`
+    (Accelerate's `merge_fsdp_weights` overwrites; the command never does). With `remove_checkpoint_dir`, afterwards deletes the files it read
     (an accel checkpoint's manifest first, so that what remains never passes for a complete
     checkpoint) and every folder that empties; anything else in the folder is kept, and named.
 
@@ -119,7 +122,7 @@ def merge_weights(
             f"--remove_checkpoint_dir with an output_path inside the checkpoint folder ({output} is in {directory}) "
             "would delete the merged file with the checkpoint. Nothing was done; choose an output_path outside it"
         )
-    if os.path.lexists(target):
+    if os.path.lexists(target) and not overwrite:
         raise UsageError(
             f"{target} already exists: merge-weights does not overwrite it. Move it, or choose another output_path"
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -128,45 +127,40 @@ def recursive_getattr(obj: Any, attr: str) -> Any:
 def merge_fsdp_weights(
     checkpoint_dir: str, output_path: str, safe_serialization: bool = True, remove_checkpoint_dir: bool = False
 ) -> None:
-    """Merge a sharded `torch.distributed.checkpoint` directory of model weights into one file, in one process.
+    """Merge a sharded `torch.distributed.checkpoint` directory of model weights into one file, like Accelerate's.
 
-    Writes `model.safetensors` (or `pytorch_model.bin`) under `output_path`. accel's own
-    `save_state`/`save_model` already write full weights; this is for sharded checkpoints.
+    Writes `model.safetensors` (or `pytorch_model.bin`) under `output_path`, replacing one that is
+    there. The main process merges (every process may call it: the others wait for it and raise its
+    error); the shards are read with `load_state`'s restricted, checked readers (`accel merge-weights`),
+    so nothing in them runs code and only regular files inside `checkpoint_dir` are read. With
+    `remove_checkpoint_dir`, only the files it read are deleted afterwards, and folders they empty.
 
     Raises:
-        FileNotFoundError: `checkpoint_dir` is not a distributed-checkpoint directory (no `.metadata`).
-        ValueError: `remove_checkpoint_dir` with an `output_path` inside `checkpoint_dir` (before anything is read).
+        ValueError: `checkpoint_dir` does not exist or holds no sharded model checkpoint, or
+            `remove_checkpoint_dir` with an `output_path` inside `checkpoint_dir` (before anything is read).
+        CheckpointError: damaged shards, or a shard that is not a regular file.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    from ..commands.merge_weights import merge_weights
+    from ..distributed.ops import broadcast_object_list
+    from ..distributed.state import PartialState
 
     source = Path(checkpoint_dir)
-    if remove_checkpoint_dir and Path(output_path).resolve().is_relative_to(source.resolve()):
-        raise ValueError(
-            f"merge_fsdp_weights(remove_checkpoint_dir=True) with output_path {output_path} inside {source} would "
-            "delete the merged file with the checkpoint. Nothing was done; choose an output_path outside it."
-        )
-    if not (source / ".metadata").is_file():
-        raise FileNotFoundError(
-            f"{source} is not a sharded (torch.distributed.checkpoint) directory: it has no .metadata file."
-        )
-    state: dict[str, Any] = {}
-    _load_state_dict(
-        state, storage_reader=dcp.FileSystemReader(str(source)), planner=_EmptyStateDictLoadPlanner(), no_dist=True
-    )
-    if len(state) == 1 and isinstance(next(iter(state.values())), dict):
-        state = next(iter(state.values()))  # weights saved under one key ("model")
-    out = Path(output_path)
-    out.mkdir(parents=True, exist_ok=True)
-    if safe_serialization:
-        from safetensors.torch import save_file
-
-        save_file(clean_state_dict_for_safetensors(state), str(out / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        torch.save(state, out / "pytorch_model.bin")
-    if remove_checkpoint_dir:
-        shutil.rmtree(source)
+    if not source.exists():
+        raise ValueError(f"Tried to load from {source} but couldn't find a valid metadata file: it does not exist.")
+    state = PartialState()
+    error: Exception | None = None
+    if state.is_main_process:
+        try:
+            merge_weights(source, output_path, safe_serialization, remove_checkpoint_dir, overwrite=True)
+        except Exception as exc:
+            error = exc
+    if state.num_processes > 1:
+        # Every process learns the main process's outcome, so none returns while the merge failed.
+        [failure] = broadcast_object_list([None if error is None else f"{type(error).__name__}: {error}"])
+        if error is None and failure is not None:
+            raise RuntimeError(f"merge_fsdp_weights failed on the main process ({failure}); nothing was merged.")
+    if error is not None:
+        raise error
 
 
 def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
