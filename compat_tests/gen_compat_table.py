@@ -75,7 +75,7 @@ NOTES = {
     "WEIGHTS_INDEX_NAME": "Accelerate's value; accel never writes it (its index is `model.bin.index.json`)",
     "WEIGHTS_PATTERN_NAME": "Accelerate's value; accel never writes it (its shards are `model-*.bin`)",
     "SAMPLER_NAME": "Accelerate's value; accel never writes it (loader positions are in `dataloaders.json`)",
-    "PROFILE_PATTERN_NAME": "Accelerate's value; `Accelerator.profile` writes `trace_rank<r>.json`, not `profile_rank<r>.json`",
+    "PROFILE_PATTERN_NAME": "Accelerate's value: `Accelerator.profile` writes `profile_<rank>.json`",
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
     "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
