@@ -39,7 +39,9 @@ def test_example_style_script_gives_accelerates_numbers(real_accelerate: Path, t
 
 def test_example_style_workflows_give_accelerates_numbers(real_accelerate: Path, tmp_path: Path) -> None:
     """scripts/nlp_workflows.py: fp16 DDP comm hook, profiler, mid-epoch checkpoint and resume, multi-process
-    metrics (the evened-out last batch's repeats dropped) and 3-fold cross-validation, under both libraries."""
+    metrics (the evened-out last batch's repeats dropped), 3-fold cross-validation and a schedule-free
+    optimizer, under both libraries."""
+    pytest.importorskip("schedulefree")
     script = str(SCRIPTS / "nlp_workflows.py")
     ref_dir, got_dir = tmp_path / "accelerate", tmp_path / "accel"
     check_reference(torchrun(script, str(ref_dir), accel=False), ref_dir / "result.pt")
@@ -67,5 +69,9 @@ def test_example_style_workflows_give_accelerates_numbers(real_accelerate: Path,
     assert got["metric"] == ref["metric"] and got["objects"] == ref["objects"]
     assert got["fold_metrics"] == ref["fold_metrics"] and got["cv_metric"] == ref["cv_metric"]
     torch.testing.assert_close(got["test_logits"], ref["test_logits"], atol=1e-5, rtol=0)
+    assert len(got["sf_losses"]) == 9 and got["sf_losses"] == pytest.approx(ref["sf_losses"], abs=1e-5)
+    assert got["sf_metric"] == ref["sf_metric"] and got["sf_metric"]["count"] == 26
+    for name, value in ref["sf_weights"].items():
+        torch.testing.assert_close(got["sf_weights"][name], value, atol=1e-5, rtol=0, msg=f"schedule-free: {name}")
     for rank in range(2):
         json.loads((got_dir / "trace" / f"profile_{rank}.json").read_text())

@@ -16,7 +16,9 @@ that nlp_features.py does not use:
   batches of 4 drops the samples the last batch repeats to even the processes out (tensors, and
   Python objects with `use_gather_object=True`),
 - cross-validation: 3 folds of the training data, a fresh model per fold, the folds' test
-  predictions averaged.
+  predictions averaged,
+- a schedule-free optimizer (`schedulefree.AdamWScheduleFree`, no scheduler): `optimizer.train()`
+  before training and `optimizer.eval()` before evaluating, through the prepared optimizer.
 Rank 0 writes everything to OUT_DIR/result.pt; compat_tests/test_nlp_features.py runs it under the real
 Accelerate and under accel and compares.
 """
@@ -24,6 +26,7 @@ Accelerate and under accel and compares.
 import sys
 from pathlib import Path
 
+import schedulefree
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, ProfileKwargs, set_seed
@@ -146,6 +149,29 @@ average = torch.stack(test_logits).mean(dim=0)
 final = Accuracy()
 final.add_batch(predictions=average.argmax(dim=-1), references=test_labels.cpu())
 result["fold_metrics"], result["test_logits"], result["cv_metric"] = fold_metrics, average, final.compute()
+
+# Schedule-free AdamW: its train/eval modes switch the weights the model sees, called on the prepared optimizer.
+accelerator.free_memory()
+set_seed(42)
+model = tiny_bert()
+optimizer = schedulefree.AdamWScheduleFree(model.parameters(), lr=3e-3, warmup_steps=2)
+sf_train = DataLoader(train_data, shuffle=True, collate_fn=collate, batch_size=4)
+sf_test = DataLoader(test_data, shuffle=False, collate_fn=collate, batch_size=4)
+model, optimizer, sf_train, sf_test = accelerator.prepare(model, optimizer, sf_train, sf_test)
+sf_losses: list = []
+model.train()
+optimizer.train()
+for batch in sf_train:
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    sf_losses.append(accelerator.gather(loss.detach()).mean().item())
+optimizer.eval()
+logits, labels = predict(model, sf_test)
+sf_metric = Accuracy()
+sf_metric.add_batch(predictions=logits.argmax(dim=-1), references=labels)
+result["sf_losses"], result["sf_metric"], result["sf_weights"] = sf_losses, sf_metric.compute(), weights(model)
 
 accelerator.wait_for_everyone()
 if accelerator.is_main_process:
