@@ -312,9 +312,18 @@ def compat(session: nox.Session) -> None:
     Accelerate installed, every `accelerate` name transformers, peft and trl import resolves under the alias,
     and their Trainer, a LoRA model and an SFT trainer give Accelerate's numbers on accel."""
     install_base(session, "tensorboard")  # Accelerate's LoggerType.TENSORBOARD is driven by accel's tracker
-    # peft, trl and datasets: the Hugging Face stack run through the alias (test_hf_imports, test_hf_trainer).
+    # peft, trl and datasets: the Hugging Face stack run through the alias (test_hf_imports, test_hf_trainer);
+    # schedulefree: the example-style script's schedule-free optimizer (test_nlp_features).
     session.install(
-        "accelerate==1.15.0", "transformers>=4.50", "peft", "trl", "datasets", "pytest", "pytest-timeout", TORCH
+        "accelerate==1.15.0",
+        "transformers>=4.50",
+        "peft",
+        "trl",
+        "datasets",
+        "schedulefree",
+        "pytest",
+        "pytest-timeout",
+        TORCH,
     )
     session.run("pytest", "compat_tests", "-q", "--timeout=600", *session.posargs)
     # accel-base tests that compare against Accelerate or train a transformers model skip in the

@@ -75,7 +75,7 @@ NOTES = {
     "WEIGHTS_INDEX_NAME": "Accelerate's value; accel never writes it (its index is `model.bin.index.json`)",
     "WEIGHTS_PATTERN_NAME": "Accelerate's value; accel never writes it (its shards are `model-*.bin`)",
     "SAMPLER_NAME": "Accelerate's value; accel never writes it (loader positions are in `dataloaders.json`)",
-    "PROFILE_PATTERN_NAME": "Accelerate's value; `Accelerator.profile` writes `trace_rank<r>.json`, not `profile_rank<r>.json`",
+    "PROFILE_PATTERN_NAME": "Accelerate's value: `Accelerator.profile` writes `profile_<rank>.json`",
     "reduce": "`accel.utils.reduce` defaults to mean and adds max/min; `Accelerator.reduce` defaults to sum",
     "save_fsdp_model": "FSDP2 only; Accelerate's files (`pytorch_model_fsdp.bin` or `pytorch_model_fsdp_<i>/` by "
     "`state_dict_type`), which Accelerate's loader reads; what `Trainer` saves its FSDP checkpoints with",

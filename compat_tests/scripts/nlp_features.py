@@ -22,70 +22,16 @@ import torch
 from accelerate import Accelerator
 from accelerate.local_sgd import LocalSGD
 from accelerate.utils import find_executable_batch_size, set_seed
-from datasets import Dataset
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
+from nlp_common import Accuracy, build_tokenizer, tiny_bert, tokenized
 from torch.utils.data import DataLoader
-from transformers import (
-    BertConfig,
-    BertForSequenceClassification,
-    DataCollatorWithPadding,
-    PreTrainedTokenizerFast,
-    get_linear_schedule_with_warmup,
-)
+from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
 out = Path(sys.argv[1])
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *[f"w{i}" for i in range(28)]]
-
-
-class Accuracy:
-    """An evaluate-style metric: add_batch per step, compute at the end."""
-
-    def __init__(self) -> None:
-        self.correct = self.total = 0
-
-    def add_batch(self, predictions: torch.Tensor, references: torch.Tensor) -> None:
-        self.correct += int((predictions == references).sum())
-        self.total += len(references)
-
-    def compute(self) -> dict:
-        return {"accuracy": self.correct / self.total, "count": self.total}
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
-    )
-
-
-def pairs(n: int, seed: int) -> Dataset:
-    """Sentence pairs; label 1 when the second sentence repeats the first one's first word."""
-    g = torch.Generator().manual_seed(seed)
-    first, second, labels = [], [], []
-    for _ in range(n):
-        a = torch.randint(0, 28, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g)
-        b = torch.randint(0, 28, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g)
-        label = int(torch.randint(0, 2, (1,), generator=g))
-        if label:
-            b[0] = a[0]
-        first.append(" ".join(f"w{int(t)}" for t in a))
-        second.append(" ".join(f"w{int(t)}" for t in b))
-        labels.append(int(b[0] == a[0]))
-    return Dataset.from_dict({"sentence1": first, "sentence2": second, "label": labels})
 
 
 def get_dataloaders(accelerator: Accelerator, tokenizer, batch_size: int):
-    def tokenize(examples):
-        return tokenizer(examples["sentence1"], examples["sentence2"], truncation=True, max_length=24)
-
     with accelerator.main_process_first():
-        train, evaluation = (
-            ds.map(tokenize, batched=True, remove_columns=["sentence1", "sentence2"]).rename_column("label", "labels")
-            for ds in (pairs(72, 1), pairs(26, 2))
-        )
+        train, evaluation = tokenized(tokenizer, 72, 1), tokenized(tokenizer, 26, 2)
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
     return (
         DataLoader(train, shuffle=True, collate_fn=collate, batch_size=batch_size),
@@ -105,16 +51,7 @@ def train(batch_size: int) -> None:
     result["batch_sizes"].append(batch_size)
     set_seed(42)
     train_dl, eval_dl = get_dataloaders(accelerator, tokenizer, batch_size)
-    config = BertConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        num_labels=2,
-    )
-    model = BertForSequenceClassification(config)
+    model = tiny_bert()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=40)
     model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, eval_dl, scheduler)

@@ -265,7 +265,7 @@ def test_reduce_max_min_and_profile(tmp_path: Path) -> None:
     with accelerator.profile() as prof:
         torch.ones(4).sum()
     assert any("aten::sum" in e.key for e in prof.key_averages())
-    assert (tmp_path / "trace_rank0.json").is_file()
+    assert (tmp_path / "profile_0.json").is_file()  # Accelerate's PROFILE_PATTERN_NAME
     assert accelerator.native_amp is False and accelerator.profile_handler is not None
 
 

@@ -160,8 +160,9 @@ from .strategies.parallelism_config import ParallelismConfig, TorchContextParall
 # SAFE_WEIGHTS_INDEX_NAME; `save_state` writes f"{SAFE_MODEL_NAME}.safetensors", f"{OPTIMIZER_NAME}.bin",
 # f"{SCHEDULER_NAME}.bin", SCALER_NAME and f"{RNG_STATE_NAME}_{rank}.pt" (Accelerate: .pkl). accel never
 # writes the pickle-format names (MODEL_NAME, WEIGHTS_*: `safe_serialization=False` writes "model.bin"),
-# SAMPLER_NAME (sampler positions live in "dataloaders.json") or profile traces named by
-# PROFILE_PATTERN_NAME; they are exported as the plain names Accelerate gives them (docs/accelerate_compat.md).
+# SAMPLER_NAME (sampler positions live in "dataloaders.json"); `Accelerator.profile` writes
+# PROFILE_PATTERN_NAME's profile_<rank>.json. They are exported as the plain names Accelerate gives them
+# (docs/accelerate_compat.md).
 SCALER_NAME = "scaler.pt"
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"

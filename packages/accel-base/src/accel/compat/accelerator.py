@@ -240,7 +240,8 @@ class AcceleratorCompatMixin:
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
         """Profile the block with `torch.profiler` (settings: `profile_handler`, else the Accelerator's `ProfileKwargs`).
 
-        With `output_trace_dir`, each process writes `trace_rank<r>.json` there when the block ends.
+        With `output_trace_dir`, each process writes `profile_<r>.json` there when the block ends (the name
+        Accelerate gives it, `PROFILE_PATTERN_NAME`).
         """
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with handler.build() as profiler:
@@ -248,9 +249,7 @@ class AcceleratorCompatMixin:
         if handler.output_trace_dir is None:
             return
         os.makedirs(handler.output_trace_dir, exist_ok=True)
-        profiler.export_chrome_trace(
-            os.path.join(handler.output_trace_dir, f"trace_rank{self.state.process_index}.json")
-        )
+        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.state.process_index}.json"))
         self.state.wait_for_everyone()
 
     @contextlib.contextmanager

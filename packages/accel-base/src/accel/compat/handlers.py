@@ -65,7 +65,7 @@ class ProfileKwargs(KwargsHandler):
     `activities`: names such as "cpu" (and the device's, e.g. the adapter's device type);
     `schedule_option`: keyword arguments of `torch.profiler.schedule` (wait, warmup, active,
     repeat, skip_first); `output_trace_dir`: where each process writes its Chrome trace
-    (`trace_rank<r>.json`) when the block ends (or when the schedule says so).
+    (`profile_<r>.json`, as in Accelerate) when the block ends (or when the schedule says so).
     """
 
     activities: list[str] | None = None
