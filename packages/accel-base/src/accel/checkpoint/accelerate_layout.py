@@ -21,8 +21,11 @@ this process's random states in accel's form, and links under accel's file names
 (a strategy's loader reads those); `Located.path` names Accelerate's own files, so an error names the
 file the user has. The scratch directory is removed when the load is over.
 
-Not read (refused by name, nothing loaded): DeepSpeed's layout (`pytorch_model/` with
-`*model_states.pt`), per-rank FSDP files (`*_rank<r>.bin`: FSDP1's local state dict or
+DeepSpeed (`engine.save_checkpoint(output_dir, "pytorch_model")`): the tag folder `pytorch_model/`
+(`pytorch_model_<i>/`) is linked under its own name and listed as a strategy folder, which accel's
+DeepSpeed strategy loads (it tags its engines the same way) and every other strategy refuses by name.
+
+Not read (refused by name, nothing loaded): per-rank FSDP files (`*_rank<r>.bin`: FSDP1's local state dict or
 `use_dcp=False`), a pickled sampler (`sampler.bin`) and torchdata loader positions (`dl_state_dict.bin`).
 """
 
@@ -55,6 +58,8 @@ _INDEXED = re.compile(
     r"(?P<stem>model|pytorch_model|pytorch_model_fsdp|optimizer|scheduler)(?:_(?P<i>\d+))?\.(?P<ext>safetensors|bin)"
 )
 _CUSTOM = re.compile(r"custom_checkpoint_(\d+)\.pkl")
+# `engine.save_checkpoint(output_dir, tag)` with Accelerate's tags: `pytorch_model`, `pytorch_model_<i>`.
+_DEEPSPEED_TAG = re.compile(r"pytorch_model(?:_\d+)?")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,10 @@ def locate(directory: Path, rank: int, device: torch.device, *, announce: bool) 
     for entry in sorted(directory.iterdir()):
         name = entry.name
         if entry.is_dir() and SHARDED_NAME.fullmatch(name) and (entry / ".metadata").is_file():
+            names[name] = entry
+            folders.append(name)
+        elif entry.is_dir() and _DEEPSPEED_TAG.fullmatch(name) and any(entry.glob("*model_states.pt")):
+            # DeepSpeed's engine checkpoint under the tag accel's DeepSpeed strategy loads too.
             names[name] = entry
             folders.append(name)
         elif entry.is_file() and (accel_name := _accel_name(name)) is not None:
@@ -158,14 +167,6 @@ def _accel_name(name: str) -> str | None:
 
 
 def _refuse_unreadable(directory: Path) -> None:
-    deepspeed = [p.name for p in directory.iterdir() if p.is_dir() and any(p.glob("*model_states.pt"))]
-    if deepspeed:
-        raise CheckpointError(
-            f"Checkpoint {directory} was written by Accelerate under DeepSpeed ({deepspeed[0]}/ holds DeepSpeed's "
-            "model and optimizer states), which accel does not read yet. Nothing was loaded: resume it under "
-            "Accelerate, or turn its weights into a file with DeepSpeed's zero_to_fp32.py and load that into the "
-            "model before prepare (the optimizer state is not carried over)."
-        )
     per_rank = sorted(p.name for p in directory.iterdir() if _PER_RANK.fullmatch(p.name))
     if per_rank:
         raise CheckpointError(

@@ -84,8 +84,11 @@ def read_and_check(
             sd = rekey(saved, inner, parameter_names(inner, modules), by_name=False, path=path)
             check_optimizer_state(inner, sd, path)
             plan["optimizers"].append((opt, sd, path))
+    from_accelerate = found.manifest.get("written_by") == "accelerate"
     for i, sched in enumerate(prepared.schedulers):
         name = file_name("scheduler", i, "bin")
+        if from_accelerate and in_engine_checkpoint(sched) and not found.path(name).is_file():
+            continue  # Accelerate saves such a scheduler only in the engine's checkpoint: the strategy restores it
         state = torch_file(name)
         check_mapping(state, found.path(name), "scheduler")
         plan["objects"].append((sched, state, found.path(name), "scheduler"))
@@ -114,7 +117,8 @@ def refuse_foreign_files(found: Located, custom: list[str], strategy: str) -> No
     foreign = [n for n in custom if not (_DEFAULT_NAME.fullmatch(n) or SHARDED_NAME.fullmatch(n))]
     if foreign:
         raise CheckpointError(
-            f"Checkpoint {found.directory} holds its models and optimizers in files the strategy that saved it "
+            f"Checkpoint {getattr(found, 'source', found.directory)} holds its models and optimizers in files the "
+            "strategy that saved it "
             f"wrote its own way ({', '.join(foreign[:4])}), which this run's {strategy} cannot read. Nothing was "
             "loaded: load it under the strategy that saved it (accel merge-weights turns its weights into a file)."
         )
@@ -344,3 +348,8 @@ def _brief(value: Any) -> str:
 def _few(items: list[str], limit: int = 5) -> str:
     shown = ", ".join(items[:limit]) or "none"
     return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")
+
+
+def in_engine_checkpoint(scheduler: Any) -> bool:
+    """Whether a prepared scheduler is stepped by a strategy's engine, which checkpoints it itself."""
+    return bool(getattr(getattr(scheduler, "scheduler", None), "in_engine_checkpoint", False))

@@ -98,6 +98,8 @@ class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
 class DeepSpeedSchedulerWrapper:
     """The scheduler inside the prepared one: the engine steps the real one with each optimizer step."""
 
+    in_engine_checkpoint = True  # DeepSpeed's engine checkpoint holds its state too
+
     def __init__(self, scheduler: Any, optimizer: Any) -> None:
         self.scheduler = scheduler
         self.optimizer = optimizer

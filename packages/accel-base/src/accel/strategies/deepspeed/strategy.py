@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ...checkpoint import layout
 from ...errors import CheckpointError
 from ..base import Strategy
 from .checkpoint import ENGINE_CHECKPOINT_GLOBALS, verify_engine_checkpoint
@@ -495,8 +496,15 @@ class DeepSpeedStrategy(Strategy):
         engines = self._checkpointed()
         for tag, _ in engines:
             verify_engine_checkpoint(directory / tag)
+        # Accelerate keeps a torch scheduler out of its engines and saves it as `scheduler.bin` (restored
+        # before this): its engine checkpoints hold none, which DeepSpeed would load over the user's scheduler.
+        found = layout.locate(directory)
+        from_accelerate = found is not None and found.manifest.get("written_by") == "accelerate"
+        engine_schedulers = not (from_accelerate and any(directory.glob("scheduler*.bin")))
         for tag, engine in engines:
-            path, _ = engine.load_checkpoint(str(directory), tag=tag, load_module_strict=strict)
+            path, _ = engine.load_checkpoint(
+                str(directory), tag=tag, load_module_strict=strict, load_lr_scheduler_states=engine_schedulers
+            )
             if path is None:
                 raise CheckpointError(f"DeepSpeed could not load the checkpoint in {directory / tag}.")
         return True
