@@ -102,8 +102,9 @@ def deepspeed(session: nox.Session) -> None:
         session.skip(f"no DeepSpeed tests at {DEEPSPEED_TESTS}")
     install_base(session, "tensorboard", "deepspeed")
     # transformers: zero3_init_flag's partitioned construction of its models (from_pretrained/from_config).
-    # accelerate: the reference that writes the Accelerate checkpoint test_resume_deepspeed_from_accelerate resumes.
-    session.install("pytest", "pytest-timeout", "transformers>=4.50", "accelerate==1.15.0", TORCH)
+    # accelerate: the reference that writes the Accelerate checkpoint test_resume_deepspeed_from_accelerate resumes;
+    # with datasets, the example-style DeepSpeed script runs through the alias with Accelerate beside it.
+    session.install("pytest", "pytest-timeout", "transformers>=4.50", "accelerate==1.15.0", "datasets", TORCH)
     # DeepSpeed's compiled ops go to torch's default extensions cache (under ~/.cache), which
     # outlives this virtualenv and a fresh clone: the 1.5-7 minute build happens once per machine.
     session.run("pytest", DEEPSPEED_TESTS, "-q", "--timeout=900", *session.posargs, env={"DS_ACCELERATOR": "cpu"})

@@ -60,7 +60,8 @@ def tokenized(tokenizer: PreTrainedTokenizerFast, n: int, seed: int) -> Dataset:
     return dataset.rename_column("label", "labels")
 
 
-def tiny_bert() -> BertForSequenceClassification:
+def tiny_bert(**overrides) -> BertForSequenceClassification:
+    """A 2-layer BERT classifier from a config; `overrides` go to `BertConfig` (e.g. dropout off)."""
     config = BertConfig(
         vocab_size=len(WORDS),
         hidden_size=32,
@@ -69,5 +70,6 @@ def tiny_bert() -> BertForSequenceClassification:
         intermediate_size=64,
         max_position_embeddings=32,
         num_labels=2,
+        **overrides,
     )
     return BertForSequenceClassification(config)

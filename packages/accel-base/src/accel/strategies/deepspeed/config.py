@@ -247,7 +247,17 @@ class DummyOptim(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any) -> None:
+        params = list(params)
+        own = [dict(g) for g in params] if params and isinstance(params[0], dict) else None
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        # What DeepSpeed builds its optimizer over, as Accelerate hands it `params`: each param group with
+        # the options the user gave it (a group's own weight_decay, say) and nothing filled in.
+        groups = self.param_groups
+        self.params = (
+            [{**g, "params": pg["params"]} for g, pg in zip(own, groups)]
+            if own
+            else [{"params": g["params"]} for g in groups]
+        )
         self.lr = lr
         self.weight_decay = weight_decay
         self.kwargs = kwargs

@@ -103,6 +103,9 @@ class DeepSpeedSchedulerWrapper:
     def __init__(self, scheduler: Any, optimizer: Any) -> None:
         self.scheduler = scheduler
         self.optimizer = optimizer
+        # The prepared scheduler counts accumulation steps here (`adjust_scheduler`); the engine steps the
+        # real scheduler at each boundary, so this counter moves nothing.
+        self._step_count = 0
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         return None

@@ -335,7 +335,7 @@ class DeepSpeedStrategy(Strategy):
         engine, engine_opt, _, engine_sched = deepspeed.initialize(
             model=model,
             optimizer=None if dummy_opt is not None else ds_client_optimizer,
-            model_parameters=[{"params": g["params"]} for g in dummy_opt.param_groups] if dummy_opt else None,
+            model_parameters=dummy_opt.params if dummy_opt else None,
             lr_scheduler=scheduler_arg,
             config=config,
             dist_init_required=False,
