@@ -242,12 +242,16 @@ def test_ctrl_c_during_a_save_raises_keyboard_interrupt(tmp_path: Path, nth_writ
             if writes[0] == nth_write:
                 os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler: an earlier test in this process may have run torchrun in-process,
+    # which installs its own SIGINT handler and leaves it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.setprofile(interrupt_at_a_write)
     try:
         with pytest.raises(KeyboardInterrupt):
             s.accelerator.save_state(target)
     finally:
         sys.setprofile(None)
+        signal.signal(signal.SIGINT, previous)
     assert writes[0] >= nth_write
     assert not (target / STAGING).exists()
     fresh = Setup(seed=1)

@@ -49,7 +49,7 @@ class CliParser(argparse.ArgumentParser):
         guesses: list[str] = []
         for word in message.removeprefix("unrecognized arguments: ").split():
             name = word.split("=", 1)[0][2:] if word.startswith("--") else ""
-            if len(name) >= 5:  # a typo of a longer name; `--tpu` is a vendor's flag, not a typo of `--cpu`
+            if len(name) >= 5:  # a typo of a longer name; a short unknown flag is more likely an adapter's
                 close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.85)
                 guesses += [known[c] for c in close if known[c] not in guesses]
         return " or ".join(guesses)
