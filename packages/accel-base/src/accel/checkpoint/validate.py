@@ -40,9 +40,14 @@ def read_and_check(
     """
     plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
     rank, world = ctx.process_index, ctx.num_processes
+    # A strategy that restores models and optimizers itself (FSDP2, DeepSpeed) reads them in its loader.
+    default_reader = not ctx.strategy.loads_checkpoint_models(prepared)
     # Files a strategy reads itself are verified here, each by one rank (they can be large);
-    # every one is first checked to be a regular file inside the checkpoint, on every rank.
-    names = sorted(n for n in found.hashes if n.split("/")[0] in custom)
+    # every one is first checked to be a regular file inside the checkpoint, on every rank. Full
+    # weights and optimizer files the default reader below reads are verified as it reads them.
+    names = sorted(
+        n for n in found.hashes if n.split("/")[0] in custom and not (default_reader and _DEFAULT_NAME.fullmatch(n))
+    )
     paths = [found.path(name) for name in names]
     for i, (name, path) in enumerate(zip(names, paths)):
         if i % world == rank and hash_file(path) != found.hashes[name]:
@@ -54,8 +59,7 @@ def read_and_check(
     def torch_file(name: str, **kw: Any) -> Any:
         return load_torch(found.path(name), sha256=found.sha256(name), **kw)
 
-    # A strategy that restores models and optimizers itself (FSDP2, DeepSpeed) reads them in its loader.
-    if not ctx.strategy.loads_checkpoint_models(prepared):
+    if default_reader:
         refuse_foreign_files(found, custom, type(ctx.strategy).__name__)
         modules = [unwrap_through(model, ctx.strategy) for model in prepared.models]
         for i, (model, module) in enumerate(zip(prepared.models, modules)):
