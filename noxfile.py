@@ -340,7 +340,8 @@ def compat(session: nox.Session) -> None:
     and their Trainer, a LoRA model and an SFT trainer give Accelerate's numbers on accel."""
     install_base(session, "tensorboard")  # Accelerate's LoggerType.TENSORBOARD is driven by accel's tracker
     # peft, trl and datasets: the Hugging Face stack run through the alias (test_hf_imports, test_hf_trainer);
-    # schedulefree: the example-style script's schedule-free optimizer (test_nlp_features).
+    # schedulefree: the example-style script's schedule-free optimizer (test_nlp_features); torchdata:
+    # Accelerate's stateful data loader, whose saved position accel resumes (test_resume_from_accelerate).
     session.install(
         "accelerate==1.15.0",
         "transformers>=4.50",
@@ -348,6 +349,7 @@ def compat(session: nox.Session) -> None:
         "trl",
         "datasets",
         "schedulefree",
+        "torchdata>=0.11",
         "pytest",
         "pytest-timeout",
         TORCH,

@@ -5,13 +5,15 @@ script resumes from that directory once under the real Accelerate and once under
 (`accel.as_accelerate`), 6 more steps each. Every step draws from Python's, NumPy's and torch's
 generators, so the losses, final weights, `accelerator.step`, the learning rate and a registered
 object's state must all agree: within 1e-6 (they are bitwise equal). One process and DDP on 2
-processes, weights as safetensors and as `pytorch_model.bin`; FSDP2 on 2 processes with a full and
+processes, weights as safetensors and as `pytorch_model.bin` (DDP with a shuffling stateful loader
+saved mid-epoch: accel's loader goes on from `dl_state_dict.bin`'s batch, as Accelerate's does); FSDP2 on 2 processes with a full and
 with a sharded state dict (`scripts/resume_fsdp_from_accelerate.py`). Without the translation of
 Accelerate's random states the first resumed loss already differs (3.77 instead of 3.44).
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,21 +23,28 @@ from conftest import SCRIPTS, check, check_reference, torchrun
 SCRIPT = str(SCRIPTS / "resume_from_accelerate.py")
 
 
-@pytest.mark.parametrize(("nproc", "weights"), [(2, "safe"), (1, "bin")])
+@pytest.mark.parametrize(("nproc", "weights", "stateful"), [(2, "safe", "1"), (1, "bin", "0")])
 def test_accel_resumes_an_accelerate_checkpoint_with_accelerates_numbers(
-    real_accelerate: Path, tmp_path: Path, nproc: int, weights: str
+    real_accelerate: Path, tmp_path: Path, nproc: int, weights: str, stateful: str
 ) -> None:
     ckpt = tmp_path / "ckpt"
     saved = tmp_path / "saved.pt"
-    check_reference(torchrun(SCRIPT, "save", str(ckpt), str(saved), weights, accel=False, nproc=nproc), saved)
+    env = {"ACCEL_TEST_STATEFUL": stateful}
+
+    def run(*args: str, accel: bool) -> subprocess.CompletedProcess[str]:
+        return torchrun(SCRIPT, *args, accel=accel, nproc=nproc, env=env)
+
+    check_reference(run("save", str(ckpt), str(saved), weights, accel=False), saved)
     assert (ckpt / ("model.safetensors" if weights == "safe" else "pytorch_model.bin")).is_file()
+    # Accelerate's stateful loader's position, 5 batches into the epoch (its look-ahead corrected).
+    assert (ckpt / "dl_state_dict.bin").is_file() == (stateful == "1")
     assert sorted(p.name for p in ckpt.glob("random_states_*.pkl")) == [f"random_states_{r}.pkl" for r in range(nproc)]
     assert not (ckpt / "accel_checkpoint.json").exists()
 
     reference = tmp_path / "accelerate.pt"
-    check_reference(torchrun(SCRIPT, "resume", str(ckpt), str(reference), accel=False, nproc=nproc), reference)
+    check_reference(run("resume", str(ckpt), str(reference), accel=False), reference)
     got = tmp_path / "accel.pt"
-    proc = torchrun(SCRIPT, "resume", str(ckpt), str(got), accel=True, nproc=nproc)
+    proc = run("resume", str(ckpt), str(got), accel=True)
     check(proc)
     assert "was written by Accelerate, which records no hashes" in proc.stderr
 
@@ -73,3 +82,20 @@ def test_accel_resumes_an_fsdp2_checkpoint_in_accelerates_layout(
     assert mine["losses"] == pytest.approx(ref["losses"], abs=1e-6)
     for name, value in ref["weights"].items():
         torch.testing.assert_close(mine["weights"][name], value, atol=1e-6, rtol=0)
+
+
+def test_a_pickled_accelerate_sampler_gives_its_seed_and_epoch(real_accelerate: Path, tmp_path: Path) -> None:
+    """Accelerate 1.15 writes `sampler.bin` only for a SeedableRandomSampler under an IterableDatasetShard (a
+    combination its own prepare never builds); an older or hand-made one pickles the real class, its
+    dataset included. accel reads its seed and epoch with nothing in it unpickled."""
+    from accel.checkpoint.accelerate_layout import loader_positions
+    from accelerate.data_loader import SeedableRandomSampler
+    from torch.utils.data import TensorDataset
+
+    sampler = SeedableRandomSampler(TensorDataset(torch.arange(10.0)), data_seed=77)
+    sampler.set_epoch(2)
+    torch.save(sampler, tmp_path / "sampler_1.bin")
+    assert loader_positions(tmp_path, [5, 6]) == [
+        {"epoch": 5, "batches_yielded": 0, "seed": None},  # loader 0 has no file: it keeps its place
+        {"epoch": 2, "batches_yielded": 0, "seed": 77},
+    ]

@@ -8,7 +8,9 @@
 generators (input noise, dropout), so the next steps depend on every restored state: weights,
 AdamW's moments, the scheduler, a registered object and each rank's random states. Rank 0 writes the
 losses it saw, `accelerator.step`, the registered object's count and the final weights to OUT_FILE.
-With ACCEL_TEST_FSDP=full|sharded the model is prepared with FSDP2 and that state dict type.
+With ACCEL_TEST_FSDP=full|sharded the model is prepared with FSDP2 and that state dict type. With
+ACCEL_TEST_STATEFUL=1 the loader shuffles and is stateful (`use_stateful_dataloader`, torchdata's
+StatefulDataLoader under Accelerate): the resumed run goes on from the saved batch of the epoch, into the next.
 """
 
 import os
@@ -19,12 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import FullyShardedDataParallelPlugin, set_seed
+from accelerate.utils import DataLoaderConfiguration, FullyShardedDataParallelPlugin, set_seed
 from torch.utils.data import DataLoader, TensorDataset
 
 mode, ckpt, out = sys.argv[1], sys.argv[2], sys.argv[3]
 safe = sys.argv[4:] != ["bin"]
 fsdp = os.environ.get("ACCEL_TEST_FSDP")
+stateful = os.environ.get("ACCEL_TEST_STATEFUL") == "1"
 
 
 class Counter:
@@ -49,11 +52,13 @@ plugin = None
 if fsdp:
     state_dict_type = "SHARDED_STATE_DICT" if fsdp == "sharded" else "FULL_STATE_DICT"
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type=state_dict_type, reshard_after_forward=True)
-accelerator = Accelerator(fsdp_plugin=plugin)
+accelerator = Accelerator(
+    fsdp_plugin=plugin, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful)
+)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
 optimizer = torch.optim.AdamW(model.parameters(), lr=5e-2, weight_decay=0.01)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
-loader = DataLoader(TensorDataset(features, targets), batch_size=4, shuffle=False)
+loader = DataLoader(TensorDataset(features, targets), batch_size=4, shuffle=stateful)
 model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
 counter = Counter()
 accelerator.register_for_checkpointing(counter)
@@ -62,7 +67,15 @@ if mode == "resume":
     accelerator.load_state(ckpt)
 steps = 5 if mode == "save" else 6
 losses = []
-batches = iter(loader)
+
+
+def epochs():
+    """Batches of one epoch after another (a resumed stateful loader finishes the saved epoch first)."""
+    while True:
+        yield from loader
+
+
+batches = epochs()
 for _ in range(steps):
     x, y = next(batches)
     # Every generator takes part: a state restored wrongly changes the numbers.

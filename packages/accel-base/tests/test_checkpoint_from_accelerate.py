@@ -5,19 +5,23 @@ them (`model.safetensors`, `optimizer.bin`, `scheduler.bin`, `custom_checkpoint_
 `random_states_0.pkl`: a `torch.save` archive of the step and Python's, NumPy's and torch's
 generator states, NumPy's as a tuple holding an array). Runs under the real Accelerate are in
 compat_tests/test_resume_from_accelerate.py. A random-state file that references any other type
-is refused naming the file and the type, and nothing in it runs; so are per-process FSDP files and
-pickled loader positions, by name, and DeepSpeed's layout under any strategy but DeepSpeed.
+is refused naming the file and the type, and nothing in it runs; so are per-process FSDP files, by
+name, and DeepSpeed's layout under any strategy but DeepSpeed. Loader positions (`dl_state_dict.bin`,
+`sampler.bin`) become accel's; what holds more than a position is refused by name, and the pickled
+sampler is read without anything in it running.
 """
 
 from __future__ import annotations
 
 import random
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from accel import Accelerator
+from accel import Accelerator, DataLoaderConfiguration
 from accel.errors import CheckpointError, UnsafeCheckpointError
 from safetensors.torch import save_file
 from test_checkpoint_safety import Box, Payload
@@ -118,8 +122,6 @@ def test_a_damaged_random_state_file_is_named(tmp_path: Path) -> None:
         # DeepSpeed's engine checkpoint: read by accel's DeepSpeed strategy only (tests/deepspeed/).
         ("pytorch_model/mp_rank_00_model_states.pt", r"ckpt holds its models .*\(pytorch_model\).* cannot read"),
         ("pytorch_model_fsdp_0_rank0.bin", "one file per process"),
-        ("dl_state_dict.bin", "position of a data loader"),
-        ("sampler.bin", "position of a data loader"),
     ],
 )
 def test_layouts_accel_cannot_read_are_refused_by_name(tmp_path: Path, extra: str, message: str) -> None:
@@ -166,3 +168,129 @@ def test_a_process_without_saved_random_states_is_told(tmp_path: Path) -> None:
         accelerator.load_state(tmp_path / "ckpt")
     assert accelerator.step == 4  # the step every process saved, read from another process's file
     torch.testing.assert_close(model.weight, saved["model"]["weight"], rtol=0, atol=0)  # type: ignore[index]
+
+
+def _loader_run(stateful: bool, seedable: bool = False) -> tuple[Accelerator, torch.utils.data.DataLoader]:
+    torch.manual_seed(2)
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful, use_seedable_sampler=seedable)
+    accelerator = Accelerator(dataloader_config=config)
+    data = torch.utils.data.TensorDataset(torch.arange(24.0))
+    return accelerator, accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=4, shuffle=True))
+
+
+def _stateful_state(yielded: int, **extra: object) -> dict[str, object]:
+    """A `StatefulDataLoader.state_dict()` as torchdata 0.11 writes it for a map-style dataset, no workers."""
+    return {
+        "_index_sampler_state": None,
+        "_sampler_iter_state": None,
+        "_sampler_iter_yielded": yielded,
+        "_num_yielded": yielded,
+        "_IterableDataset_len_called": None,
+        "_shared_seed": None,
+        "fetcher_state": None,
+        "dataset_state": None,
+        "_iterator_finished": False,
+        **extra,
+    }
+
+
+def _epoch_after_loading(directory: Path, stateful: bool) -> list[list[float]]:
+    """The batches of an epoch after loading the checkpoint without a loader position (its random states
+    restored, from which the shuffle is drawn)."""
+    _write_accelerate_checkpoint(directory)
+    accelerator, loader = _loader_run(stateful)
+    accelerator.load_state(directory)
+    return [batch[0].tolist() for batch in loader]
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+@pytest.mark.parametrize("stateful", [True, False])
+def test_a_stateful_loader_position_goes_on_from_its_batch(tmp_path: Path, stateful: bool) -> None:
+    """Accelerate's `dl_state_dict.bin` says 2 batches were yielded: a stateful accel loader skips them (in the
+    order the restored random states draw, as Accelerate's does), one that is not starts the epoch over, as
+    Accelerate's own loaders do."""
+    epoch = _epoch_after_loading(tmp_path / "ckpt", stateful)
+    torch.save(_stateful_state(2), tmp_path / "ckpt" / "dl_state_dict.bin")
+    accelerator, loader = _loader_run(stateful)
+    accelerator.load_state(tmp_path / "ckpt")
+    assert [batch[0].tolist() for batch in loader] == (epoch[2:] if stateful else epoch)
+    assert len(epoch) == 6
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+def test_a_finished_iterator_resumes_at_the_start_of_an_epoch(tmp_path: Path) -> None:
+    epoch = _epoch_after_loading(tmp_path / "ckpt", True)
+    torch.save(_stateful_state(6, _iterator_finished=True), tmp_path / "ckpt" / "dl_state_dict.bin")
+    accelerator, loader = _loader_run(True)
+    accelerator.load_state(tmp_path / "ckpt")
+    assert [batch[0].tolist() for batch in loader] == epoch
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        (
+            {"_snapshot": {"_snapshot_step": 4, "_main_snapshot": {}}, "_steps_since_snapshot": 1},
+            r"saved with worker processes .*skip_first_batches\(loader, 5\)",
+        ),
+        (_stateful_state(2, _index_sampler_state={"samples_yielded": 8}), "holds _index_sampler_state"),
+        (_stateful_state(2, dataset_state={"cursor": 3}), "holds dataset_state"),
+        (_stateful_state(-1), "does not hold a StatefulDataLoader position"),
+        ([1, 2], "does not hold a StatefulDataLoader state"),
+    ],
+)
+def test_a_loader_state_beyond_a_position_is_refused_by_name(tmp_path: Path, state: object, message: str) -> None:
+    _write_accelerate_checkpoint(tmp_path / "ckpt")
+    torch.save(state, tmp_path / "ckpt" / "dl_state_dict.bin")
+    accelerator, loader = _loader_run(True)
+    model = accelerator.prepare(torch.nn.Linear(4, 3))
+    before = model.weight.detach().clone()
+    with pytest.raises(CheckpointError, match=rf"dl_state_dict\.bin .*{message}") as info:
+        accelerator.load_state(tmp_path / "ckpt")
+    assert "Nothing was loaded" in str(info.value) and "\n" not in str(info.value)
+    assert torch.equal(model.weight, before)
+
+
+class _Sampler:
+    """Pickled as `accelerate.data_loader.SeedableRandomSampler` (its state as Accelerate's holds it), with a
+    dataset whose unpickling would call `open(marker, "w")`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.data_source = Payload(marker)
+        self.replacement = False
+        self._num_samples = None
+        self.generator = None
+        self.initial_seed = 1234
+        self.epoch = 3
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint .* was written by Accelerate")
+def test_a_pickled_seedable_sampler_gives_its_seed_and_epoch_and_nothing_in_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_accelerate_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "payload-ran"
+    module = types.ModuleType("accelerate.data_loader")
+    _Sampler.__module__, _Sampler.__qualname__ = "accelerate.data_loader", "SeedableRandomSampler"
+    module.SeedableRandomSampler = _Sampler  # type: ignore[attr-defined]
+    package = types.ModuleType("accelerate")
+    package.data_loader = module  # type: ignore[attr-defined]
+    with monkeypatch.context() as patch:  # pickle finds the class by its name, as in Accelerate's own file
+        patch.setitem(sys.modules, "accelerate", package)
+        patch.setitem(sys.modules, "accelerate.data_loader", module)
+        torch.save(_Sampler(marker), tmp_path / "ckpt" / "sampler.bin")
+    accelerator, loader = _loader_run(False, seedable=True)
+    accelerator.load_state(tmp_path / "ckpt")
+    assert not marker.exists()
+    sampler = loader.sampler if hasattr(loader.sampler, "seed") else loader.batch_sampler.sampler
+    assert (sampler.seed, loader.epoch) == (1234, 3)
+
+    torch.save({"initial_seed": 1, "epoch": 0}, tmp_path / "ckpt" / "sampler.bin")
+    with pytest.raises(
+        CheckpointError, match=r"sampler\.bin does not hold Accelerate's SeedableRandomSampler .*got dict"
+    ):
+        accelerator.load_state(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "sampler.bin").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"sampler\.bin could not be read as Accelerate's pickled sampler"):
+        accelerator.load_state(tmp_path / "ckpt")

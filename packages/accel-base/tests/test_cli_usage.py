@@ -4,6 +4,7 @@ traceback; a failing worker's traceback shown once with its rank; `accel env` te
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -237,3 +238,25 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
         code = exc.code
     assert code == 0
     assert f"accel {command}" in capsys.readouterr().out
+
+
+def test_a_slow_start_says_how_far_the_workers_got(tmp_path: Path) -> None:
+    """Start-up that passes 5 s gets a progress line (how many processes run the script, how many joined the
+    process group), then one when all are up; the folder the workers report through is removed."""
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(6.5)\nfrom accel import Accelerator\nAccelerator()\nprint('up')\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = accel("launch", "--cpu", "--num-processes", "2", str(slow), env={"TMPDIR": str(scratch)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("accel launch: starting 2 processes"))
+    progress = next(i for i, line in enumerate(lines) if line.startswith("accel launch: still starting after"))
+    assert start < progress
+    assert re.fullmatch(
+        r"accel launch: still starting after 5 s: [0-2] of 2 processes running slow\.py, 0 joined the process group",
+        lines[progress],
+    )
+    assert re.search(r"^accel launch: all 2 processes are up after \d+ s$", proc.stderr, re.M)
+    assert proc.stdout.count("up") == 2
+    assert list(scratch.glob("accel-launch-*")) == []

@@ -25,8 +25,22 @@ DeepSpeed (`engine.save_checkpoint(output_dir, "pytorch_model")`): the tag folde
 (`pytorch_model_<i>/`) is linked under its own name and listed as a strategy folder, which accel's
 DeepSpeed strategy loads (it tags its engines the same way) and every other strategy refuses by name.
 
+Data loader positions become accel's (`dataloaders.json` in the scratch directory), for loader `i` (files
+`dl_state_dict.bin`/`sampler.bin` for 0, `dl_state_dict_<i>.bin`/`sampler_<i>.bin` after):
+
+- `dl_state_dict_<i>.bin` (`use_stateful_dataloader=True`: torchdata's `StatefulDataLoader` state, read with
+  the restricted reader): the batches this process's loader had yielded in its epoch
+  (`_sampler_iter_yielded`, which Accelerate corrects for its look-ahead), 0 once the iterator finished.
+  Accelerate keeps no epoch there, so the live loader's epoch stays, as under Accelerate's own resume; a
+  stateful accel loader then skips those batches (one that is not stateful starts the epoch over, as
+  Accelerate's does). States holding more than a position (worker snapshots of `num_workers > 0`, a
+  stateful sampler's or dataset's own state) are refused by name.
+- `sampler_<i>.bin` (a pickled `SeedableRandomSampler`, its dataset included): read without unpickling
+  anything (`_inert_pickle`: every class and function in it stays a name), for its `initial_seed` and
+  `epoch`, which become the position's seed and epoch.
+
 Not read (refused by name, nothing loaded): per-rank FSDP files (`*_rank<r>.bin`: FSDP1's local state dict or
-`use_dcp=False`), a pickled sampler (`sampler.bin`) and torchdata loader positions (`dl_state_dict.bin`).
+`use_dcp=False`).
 """
 
 from __future__ import annotations
@@ -38,9 +52,10 @@ import tempfile
 import warnings
 import weakref
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -53,7 +68,9 @@ from .layout import locate as locate_accel
 
 RNG_FILE = re.compile(r"random_states_(\d+)\.pkl")
 _PER_RANK = re.compile(r"(?:pytorch_model_fsdp|optimizer)(?:_\d+)?_rank\d+\.bin")
-_LOADER_FILES = re.compile(r"(?:sampler|dl_state_dict)(?:_\d+)?\.bin")
+_LOADER_STATE = re.compile(r"dl_state_dict(?:_(\d+))?\.bin")
+_SAMPLER = re.compile(r"sampler(?:_(\d+))?\.bin")
+_SAMPLER_CLASS = "accelerate.data_loader.SeedableRandomSampler"
 _INDEXED = re.compile(
     r"(?P<stem>model|pytorch_model|pytorch_model_fsdp|optimizer|scheduler)(?:_(?P<i>\d+))?\.(?P<ext>safetensors|bin)"
 )
@@ -79,10 +96,13 @@ def is_accelerate_checkpoint(directory: Path) -> bool:
     return directory.is_dir() and any(RNG_FILE.fullmatch(p.name) for p in directory.iterdir())
 
 
-def locate(directory: Path, rank: int, device: torch.device, *, announce: bool) -> AccelerateCheckpoint:
+def locate(
+    directory: Path, rank: int, device: torch.device, *, announce: bool, loader_epochs: Sequence[int] = ()
+) -> AccelerateCheckpoint:
     """The Accelerate checkpoint at `directory`, translated for this process (`rank`, on `device`).
 
     `announce`: warn once (the main process) that its files load unverified (Accelerate records no hashes).
+    `loader_epochs`: the live prepared loaders' epochs (a position Accelerate saved holds none).
 
     Raises:
         CheckpointError: a layout accel cannot read, or a random-state file that is damaged or holds a
@@ -113,6 +133,7 @@ def locate(directory: Path, rank: int, device: torch.device, *, announce: bool) 
             stacklevel=7,
         )
     step = _step(states if states is not None else read_pickle(rng_files[0][1], "random states"))
+    positions = loader_positions(directory, loader_epochs)
 
     scratch = Path(tempfile.mkdtemp(prefix="accel-from-accelerate-"))
     try:
@@ -122,6 +143,9 @@ def locate(directory: Path, rank: int, device: torch.device, *, announce: bool) 
             rng = f"random_states_{rank}.pt"
             save_torch(rng_state(states, mine, device), scratch / rng)  # type: ignore[arg-type]
             names[rng] = scratch / rng
+        if positions:
+            save_json(positions, scratch / "dataloaders.json")
+            names["dataloaders.json"] = scratch / "dataloaders.json"
         manifest = {
             "format": FORMAT_VERSION,
             "written_by": "accelerate",
@@ -175,14 +199,158 @@ def _refuse_unreadable(directory: Path) -> None:
             "read. Nothing was loaded: save it under Accelerate with state_dict_type FULL_STATE_DICT, or "
             "SHARDED_STATE_DICT with its default torch.distributed.checkpoint folders."
         )
-    loaders = sorted(p.name for p in directory.iterdir() if _LOADER_FILES.fullmatch(p.name))
-    if loaders:
+
+
+# ---- data loader positions --------------------------------------------------------------------
+def loader_positions(directory: Path, loader_epochs: Sequence[int]) -> list[dict[str, Any]]:
+    """accel's positions (`dataloaders.json`) for the loaders Accelerate saved a state or sampler of.
+
+    One per loader up to the last file's index; a loader without a file keeps its place (its live
+    epoch, nothing skipped), as Accelerate's `load_state` leaves it.
+
+    Raises:
+        CheckpointError: (naming the file) a state that holds more than a position, or that is not one.
+    """
+    found: dict[int, dict[str, Path]] = {}
+    for entry in directory.iterdir():
+        for kind, pattern in (("state", _LOADER_STATE), ("sampler", _SAMPLER)):
+            if entry.is_file() and (m := pattern.fullmatch(entry.name)):
+                found.setdefault(int(m.group(1) or 0), {})[kind] = entry
+    if not found:
+        return []
+    positions = []
+    for i in range(max(found) + 1):
+        epoch = loader_epochs[i] if i < len(loader_epochs) else 0
+        position: dict[str, Any] = {"epoch": int(epoch), "batches_yielded": 0, "seed": None}
+        files = found.get(i, {})
+        if "sampler" in files:
+            position["seed"], position["epoch"] = _sampler_seed_and_epoch(files["sampler"])
+        if "state" in files:
+            position["batches_yielded"] = _batches_yielded(
+                read_pickle(files["state"], "data loader state"), files["state"]
+            )
+        positions.append(position)
+    return positions
+
+
+def _batches_yielded(state: Any, path: Path) -> int:
+    """The batches a `StatefulDataLoader` state says its process had yielded in the epoch (0: finished)."""
+    if not isinstance(state, dict):
         raise CheckpointError(
-            f"Checkpoint {directory} holds Accelerate's position of a data loader ({loaders[0]}: a pickled sampler "
-            "or a torchdata StatefulDataLoader state), which accel cannot translate into its own loader position. "
-            "Nothing was loaded: move that file out of the directory to load the rest, and position the loader "
-            "with accelerator.skip_first_batches."
+            f"Checkpoint file {path} does not hold a StatefulDataLoader state (got {type(state).__name__}). "
+            "Nothing was loaded."
         )
+    if "_snapshot" in state:
+        snapshot = state["_snapshot"] if isinstance(state["_snapshot"], dict) else {}
+        step, since = snapshot.get("_snapshot_step"), state.get("_steps_since_snapshot")
+        count = step + since if _is_count(step) and _is_count(since) else None
+        skip = f"accelerator.skip_first_batches(loader, {count})" if count is not None else "skip_first_batches"
+        raise CheckpointError(
+            f"Checkpoint file {path} holds a StatefulDataLoader state saved with worker processes (num_workers > 0: "
+            "the workers' own snapshots), which accel does not translate into its loader position. Nothing was "
+            f"loaded: move that file out of the directory to load the rest, and position the loader with {skip}."
+        )
+    held = [
+        key
+        for key in ("_index_sampler_state", "_sampler_iter_state", "dataset_state", "fetcher_state")
+        if state.get(key) is not None
+    ]
+    if held:
+        raise CheckpointError(
+            f"Checkpoint file {path} holds {held[0]} (the state of a stateful sampler or dataset), which accel's loader "
+            "cannot take: it restores a position, not the state of your sampler or dataset. Nothing was loaded: move "
+            "that file out of the directory to load the rest, and position the loader with "
+            "accelerator.skip_first_batches."
+        )
+    if state.get("_iterator_finished") is True:
+        return 0
+    count = state.get("_sampler_iter_yielded", state.get("_num_yielded"))
+    if not _is_count(count):
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold a StatefulDataLoader position (_sampler_iter_yielded: {count!r}). "
+            "Nothing was loaded."
+        )
+    return int(count)
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _sampler_seed_and_epoch(path: Path) -> tuple[int, int]:
+    """`initial_seed` and `epoch` of the `SeedableRandomSampler` pickled in `path`, nothing in it unpickled."""
+    sampler = _inert_pickle(path)
+    state = sampler.state if isinstance(sampler, _Inert) else None
+    seed, epoch = (state.get("initial_seed"), state.get("epoch")) if isinstance(state, dict) else (None, None)
+    if not (isinstance(sampler, _Inert) and sampler.name == _SAMPLER_CLASS and _is_count(seed) and _is_count(epoch)):
+        got = sampler.name if isinstance(sampler, _Inert) else type(sampler).__name__
+        raise CheckpointError(
+            f"Checkpoint file {path} does not hold Accelerate's SeedableRandomSampler with an initial_seed and an "
+            f"epoch (got {got}). Nothing was loaded."
+        )
+    return int(seed), int(epoch)
+
+
+class _Inert:
+    """Stands for an object of any class in a pickle read by `_inert_pickle`: its name, arguments and state.
+
+    Each class or function the pickle names becomes a subclass of this one carrying the name; building
+    one records what it was given and runs nothing of the real class.
+    """
+
+    name = ""
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    items: list[Any]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
+        obj = super().__new__(cls)
+        obj.args, obj.kwargs, obj.state, obj.items = args, kwargs, None, []
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def append(self, item: Any) -> None:
+        self.items.append(item)
+
+    def extend(self, items: Any) -> None:
+        self.items.extend(items)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items.append((key, value))
+
+
+class _InertUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        return type(name, (_Inert,), {"name": f"{module}.{name}"})
+
+    def persistent_load(self, pid: Any) -> Any:
+        return None  # a tensor's storage: not read
+
+
+def _inert_pickle(path: Path) -> Any:
+    """The object a `torch.save` archive holds, every class and function in it replaced by an `_Inert`.
+
+    Raises:
+        CheckpointError: (naming the file) not a `torch.save` archive, or damaged.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(data) != 1:
+                raise zipfile.BadZipFile("no data.pkl")
+            with archive.open(data[0]) as stream:
+                return _InertUnpickler(stream).load()
+    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, IndexError) as exc:
+        raise CheckpointError(
+            f"Checkpoint file {path} could not be read as Accelerate's pickled sampler ({type(exc).__name__}): it is "
+            "not a torch.save archive, or it is truncated or corrupted. Nothing was loaded."
+        ) from exc
 
 
 def _step(states: Any) -> int:

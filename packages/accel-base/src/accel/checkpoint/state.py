@@ -306,7 +306,7 @@ def load_state(
     try:
         _, error = _attempt(lambda: _open_for_reading(locks, directory)) if locks is not None else (None, None)
         _raise_if_failed(_agree(ctx, error), error, what)
-        found, error = _attempt(lambda: _locate(directory, ctx))
+        found, error = _attempt(lambda: _locate(directory, ctx, prepared))
         _raise_if_failed(_agree(ctx, error), error, what)
         assert found is not None
 
@@ -383,14 +383,17 @@ def run_on_every_rank(ctx: RunContext, fn: Callable[[], Any], what: str) -> Any:
     return result
 
 
-def _locate(directory: Path, ctx: RunContext) -> layout.Located:
+def _locate(directory: Path, ctx: RunContext, prepared: Prepared) -> layout.Located:
     found = layout.locate(directory)
     if found is not None:
         return found
     if not directory.is_dir():
         raise CheckpointError(f"No checkpoint at {directory}: the directory does not exist.")
     if accelerate_layout.is_accelerate_checkpoint(directory):
-        return accelerate_layout.locate(directory, ctx.process_index, ctx.device, announce=ctx.is_main_process)
+        epochs = [getattr(dl, "epoch", 0) for dl in prepared.dataloaders]
+        return accelerate_layout.locate(
+            directory, ctx.process_index, ctx.device, announce=ctx.is_main_process, loader_epochs=epochs
+        )
     raise CheckpointError(
         f"{directory} is not a complete accel checkpoint ({MANIFEST} is missing): it was never finished "
         "or is not an accel checkpoint. Load an earlier checkpoint."

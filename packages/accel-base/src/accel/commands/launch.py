@@ -19,6 +19,7 @@ from typing import Any
 from ..adapter import registry
 from . import CliParser, UsageError, add_flag
 from .accelerate_flags import add_accelerate_flags
+from .launch_progress import StartupProgress
 from .launch_resolve import resolve
 from .requirements import STRATEGY_REQUIRES  # noqa: F401  (re-exported: it used to live here)
 
@@ -256,6 +257,10 @@ def launch(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    progress = None if args.quiet else StartupProgress(args.num_processes or 1, args.script)
+    if progress is not None:
+        os.environ.update(progress.env())
+        progress.start()
     try:
         torchrun_main(build_torchrun_argv(args, launcher_pid=os.getpid()))
     except ChildFailedError as exc:
@@ -277,4 +282,7 @@ def launch(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if progress is not None:
+            progress.stop()
     return 0

@@ -55,6 +55,16 @@ def _watch_parent(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="accel-parent-watchdog", daemon=True).start()
 
 
+def _mark_started() -> None:
+    """Tell the launcher's progress line this worker runs the script (`launch_progress`, by its folder)."""
+    folder = os.environ.get("ACCEL_LAUNCH_PROGRESS_DIR")
+    if folder:
+        try:
+            open(os.path.join(folder, f"started-{os.environ.get('LOCAL_RANK', '0')}"), "w").close()
+        except OSError:
+            pass  # the launcher is no longer listening
+
+
 def _exec_target(mode: str, target: str, args: list[str]) -> None:
     if mode == "exec":
         os.execvp(target, [target, *args])
@@ -93,6 +103,7 @@ def main(argv: list[str]) -> None:
     if os.getppid() != launcher_pid:
         # The launcher died before the death signal was armed: nothing would ever stop us.
         sys.exit(f"accel launch worker: the launcher (pid {launcher_pid}) is gone; not starting {target}")
+    _mark_started()
     if guarded:
         _exec_target(mode, target, args)
     else:

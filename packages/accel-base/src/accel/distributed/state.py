@@ -26,7 +26,7 @@ from ..errors import DistributedSetupError
 from ..precision.base import Precision
 from ..settings.env import EnvSettings
 from ..settings.kwargs import InitProcessGroupKwargs
-from ..settings.launch import LaunchInfo
+from ..settings.launch import LaunchInfo, mark_ready
 from .debug import check_collective
 from .distributed_type import DistributedType
 from .edge import build_env, member_miss, missing_member, register_edge
@@ -168,6 +168,7 @@ class PartialState:
                 install_watchdog(warn_after=env.collective_warn_seconds, timeout=self.timeout.total_seconds())
         _register_exit_hook()
         self._initialized = True
+        mark_ready(launch.local_rank)  # `accel launch`'s progress line: this worker is up
 
     def _init_process_group(self, launch: LaunchInfo, init_kwargs: InitProcessGroupKwargs) -> None:
         if dist.is_initialized():

@@ -8,9 +8,11 @@ read; nothing deeper in the code reads the environment for them.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import SettingError
@@ -173,3 +175,17 @@ def parse_launch(env: Mapping[str, str]) -> LaunchInfo:
             world_size=world, rank=rank, local_rank=local, local_world_size=local_world, launcher="mpi", **where()
         )
     return LaunchInfo()
+
+
+PROGRESS_DIR_ENV = "ACCEL_LAUNCH_PROGRESS_DIR"
+"""The folder `accel launch`'s progress line watches (`accel.commands.launch_progress`)."""
+
+
+def mark_ready(local_rank: int) -> None:
+    """Record that this worker is up (accel's state built, the process group joined); a no-op outside `accel launch`."""
+    folder = os.environ.get(PROGRESS_DIR_ENV)
+    if folder:
+        try:
+            (Path(folder) / f"ready-{local_rank}").touch()
+        except OSError:
+            pass  # the launcher removed the folder: it is no longer listening
