@@ -243,7 +243,7 @@ def test_a_finished_iterator_resumes_at_the_start_of_an_epoch(tmp_path: Path) ->
 def test_a_loader_state_beyond_a_position_is_refused_by_name(tmp_path: Path, state: object, message: str) -> None:
     _write_accelerate_checkpoint(tmp_path / "ckpt")
     torch.save(state, tmp_path / "ckpt" / "dl_state_dict.bin")
-    accelerator, loader = _loader_run(True)
+    accelerator, _ = _loader_run(True)
     model = accelerator.prepare(torch.nn.Linear(4, 3))
     before = model.weight.detach().clone()
     with pytest.raises(CheckpointError, match=rf"dl_state_dict\.bin .*{message}") as info:

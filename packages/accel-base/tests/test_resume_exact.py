@@ -4,9 +4,10 @@ Train 3 epochs on 2 processes (shuffling, dropout with a different RNG stream pe
 and python/numpy random numbers in the loss,
 AdamW, an LR scheduler, an uneven dataset so the last round is padded), saving mid-epoch
 in epoch 0 and in epoch 1. Then, in new processes, load each checkpoint and train to the
-same end, once the way Accelerate documents (`skip_first_batches` over the
-resumed epoch) and once with `DataLoaderConfiguration(use_stateful_dataloader=True)`
-(iteration simply continues). The final weights must be bitwise equal to the
+same end, the way Accelerate documents (`skip_first_batches` over the resumed epoch) or with
+`DataLoaderConfiguration(use_stateful_dataloader=True)` (iteration simply continues): each
+configuration resumes from both checkpoints, one each way, and each checkpoint is resumed
+both ways over the configurations. The final weights must be bitwise equal to the
 uninterrupted run's, and so must every later step's loss on every rank. Both shuffling
 modes: the default (Accelerate's: a sampler generator synchronised from rank 0 at
 every epoch, worker seeds from the global generator) and `use_seedable_sampler=True`.
@@ -15,6 +16,7 @@ every epoch, worker seeds from the global generator) and `use_seedable_sampler=T
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,27 +101,44 @@ acc.print(f"{tag}: {per_epoch} batches per epoch", flush=True)
 """
 
 SAVE_STEPS = (3, 8)  # 6 batches per epoch: epoch 0 after 3, epoch 1 after 2
+BOUNDARIES = (0, 6, 18)  # before the first batch, the end of epoch 0 (an epoch boundary), after the last batch
+# One uninterrupted run per configuration, saving at every step a test resumes from (the DDP run also at the
+# boundaries).
+RUNS = {("ddp", "default"): SAVE_STEPS + BOUNDARIES, ("fsdp2", "default"): SAVE_STEPS, ("ddp", "seedable"): SAVE_STEPS}
+# Each configuration resumes from both save steps, each step once per approach over the configurations.
+RESUMES = [
+    ("ddp", "default", 3, "skip"),
+    ("ddp", "default", 8, "stateful"),
+    ("fsdp2", "default", 3, "stateful"),
+    ("fsdp2", "default", 8, "skip"),
+    ("ddp", "seedable", 3, "stateful"),
+    ("ddp", "seedable", 8, "skip"),
+]
 
 
-@pytest.fixture(scope="module", params=[("ddp", "default"), ("fsdp2", "default"), ("ddp", "seedable")])
-def uninterrupted(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, tuple[str, str]]:
-    strategy, sampler = request.param
-    out = tmp_path_factory.mktemp(f"resume_{strategy}_{sampler}")
-    script = out / "train.py"
-    script.write_text(SCRIPT)
-    proc = launch(script, "run", str(out), "skip", ",".join(map(str, SAVE_STEPS)), strategy, sampler, timeout=300)
-    assert "run: 6 batches per epoch" in proc.stdout
-    return out, (strategy, sampler)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """The folder of a configuration's uninterrupted run (launched once, when a test first asks for it)."""
+    runs: dict[tuple[str, str], Path] = {}
+
+    def run(strategy: str, sampler: str) -> Path:
+        if (strategy, sampler) not in runs:
+            out = tmp_path_factory.mktemp(f"resume_{strategy}_{sampler}")
+            (out / "train.py").write_text(SCRIPT)
+            steps = ",".join(map(str, sorted(RUNS[strategy, sampler])))
+            proc = launch(out / "train.py", "run", str(out), "skip", steps, strategy, sampler, timeout=300)
+            assert "run: 6 batches per epoch" in proc.stdout
+            runs[strategy, sampler] = out
+        return runs[strategy, sampler]
+
+    return run
 
 
-@pytest.mark.parametrize("approach", ["skip", "stateful"])
-@pytest.mark.parametrize("save_at", SAVE_STEPS)
+@pytest.mark.parametrize(("strategy", "sampler", "save_at", "approach"), RESUMES)
 def test_resume_in_fresh_processes_is_bitwise_exact(
-    uninterrupted: tuple[Path, tuple[str, str]], approach: str, save_at: int
+    uninterrupted: Callable[[str, str], Path], strategy: str, sampler: str, save_at: int, approach: str
 ) -> None:
-    out, (strategy, sampler) = uninterrupted
+    out = uninterrupted(strategy, sampler)
     launch(out / "train.py", "resume", str(out), approach, str(save_at), strategy, sampler, timeout=300)
     reference = load_file(str(out / "final_run" / "model.safetensors"))
     resumed = load_file(str(out / f"final_{approach}_{save_at}" / "model.safetensors"))
@@ -134,24 +153,11 @@ def test_resume_in_fresh_processes_is_bitwise_exact(
         assert got == {k: v for k, v in ref_losses.items() if int(k) > save_at}, rank
 
 
-BOUNDARIES = (0, 6, 18)  # before the first batch, the end of epoch 0 (an epoch boundary), after the last batch
-
-
-@pytest.fixture(scope="module")
-def uninterrupted_boundaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("resume_boundaries")
-    script = out / "train.py"
-    script.write_text(SCRIPT)
-    proc = launch(script, "run", str(out), "skip", ",".join(map(str, BOUNDARIES)), "ddp", "default", timeout=300)
-    assert "run: 6 batches per epoch" in proc.stdout
-    return out
-
-
 @pytest.mark.parametrize("save_at", BOUNDARIES)
-def test_resume_at_an_epoch_boundary_is_bitwise_exact(uninterrupted_boundaries: Path, save_at: int) -> None:
+def test_resume_at_an_epoch_boundary_is_bitwise_exact(uninterrupted: Callable[[str, str], Path], save_at: int) -> None:
     """A checkpoint saved when no batch of the epoch has been drawn yet resumes exactly: the sampler's
     generator (synchronised across ranks, moved on by each epoch's shuffle) is saved with the loader."""
-    out = uninterrupted_boundaries
+    out = uninterrupted("ddp", "default")
     positions = json.loads((out / f"ckpt_{save_at}" / "dataloaders.json").read_text())
     assert positions[0]["batches_yielded"] == 0 and positions[0]["epoch"] == save_at // 6
     assert set(positions[0].get("epoch_rng", {})) == {"generator"}

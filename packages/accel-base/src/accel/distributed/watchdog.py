@@ -124,9 +124,9 @@ class Watchdog:
         line = self._describe(call, f"has waited {self.warn_after:g} s")
         if self.current is call:
             self._warned = call
-            print(
-                f"accel: {line}; still waiting, up to the process group's timeout ({self.timeout:g} s)", file=sys.stderr
-            )
+            # One write with its newline: `print` writes the end apart, and another rank's line, written
+            # to the same stderr at the same moment, can land between them.
+            sys.stderr.write(f"accel: {line}; still waiting, up to the process group's timeout ({self.timeout:g} s)\n")
             sys.stderr.flush()
 
     def _sleep_until(self, call: _Call, when: float) -> bool:
