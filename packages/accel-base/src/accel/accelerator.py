@@ -136,6 +136,7 @@ class Accelerator(AcceleratorCompatMixin):
         self.init_handler: InitProcessGroupKwargs | None = settings.init_handler
         self.autocast_handler: AutocastKwargs | None = settings.autocast_handler
         self.kwargs_handlers = dict(settings.handlers)
+        self._fp8_request = settings.fp8
         self.project_configuration = settings.project_config
         self.dataloader_config = settings.dataloader_config
 
@@ -257,6 +258,7 @@ class Accelerator(AcceleratorCompatMixin):
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
+            fp8=self._fp8_request,
             adapter_defaults=self._adapter_defaults,
             optimizer_on_host=self.strategy.optimizer_on_host(),
             adapter=self.adapter,

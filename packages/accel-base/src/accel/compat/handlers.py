@@ -2,8 +2,9 @@
 
 Pass the handlers in `Accelerator(kwargs_handlers=[...])`: `ProfileKwargs` configures
 `Accelerator.profile`; the fp8 recipe handlers (`FP8RecipeKwargs`, `TERecipeKwargs`,
-`AORecipeKwargs`) are kept on the Accelerator (`fp8_recipe_handler`, ...) for the adapters
-that implement fp8 to read.
+`AORecipeKwargs`) are kept on the Accelerator (`fp8_recipe_handler`, ...) and folded, with the
+launcher's fp8 settings, into the run's `accel.precision.fp8_request.FP8Request` (`accel.compat.fp8`),
+which the adapter's precision applies or refuses field by field.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import torch
 
 from ..distributed.rng import RNGType
 from ..settings.kwargs import KwargsHandler
+
+FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 
 
 class LoggerType(str, enum.Enum):
@@ -105,64 +109,89 @@ class ProfileKwargs(KwargsHandler):
 
 @dataclass
 class TERecipeKwargs(KwargsHandler):
-    """fp8 recipe for Transformer-Engine-style delayed scaling (read by the adapters that run fp8 with it)."""
+    """fp8 with delayed scaling (Transformer-Engine style); passing it selects the "te" backend.
+
+    A field left None takes the launcher's `ACCEL_FP8_*` value (`accelerate launch --fp8_*`), else the
+    backend's default (Accelerate's: HYBRID, margin 0, interval 1, history 1024, "most_recent"). The adapter's
+    precision applies every field given, or refuses it by name where its hardware cannot
+    (`accel.errors.FP8RecipeError`).
+    """
 
     use_autocast_during_eval: bool | None = None
+    """Also compute in fp8 when the model is in eval mode."""
     margin: int | None = None
+    """Headroom below the format's maximum, in powers of two."""
     interval: int | None = None
+    """Recompute the scales every this many steps."""
     fp8_format: str | None = None
+    """"HYBRID" (E4M3 forward, E5M2 gradients), "E4M3" or "E5M2"."""
     amax_history_len: int | None = None
+    """Steps of amax remembered."""
     amax_compute_algo: str | None = None
+    """"most_recent" or "max" (over the history)."""
     override_linear_precision: tuple[bool, bool, bool] | None = None
+    """Run the (forward, data-gradient, weight-gradient) GEMMs in higher precision."""
     use_mxfp8_block_scaling: bool | None = None
+    """MXFP8 block scaling instead of delayed per-tensor scaling (where the hardware has it)."""
 
     def __post_init__(self) -> None:
         if self.fp8_format is not None:
             self.fp8_format = self.fp8_format.upper()
-            if self.fp8_format not in ("E4M3", "HYBRID"):
-                raise ValueError(f"fp8_format must be 'E4M3' or 'HYBRID', got {self.fp8_format!r}.")
-        if self.amax_compute_algo is not None and self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {self.amax_compute_algo!r}.")
+            if self.fp8_format not in FP8_FORMATS:
+                raise ValueError(f"`fp8_format` must be one of {' or '.join(FP8_FORMATS)}, got {self.fp8_format!r}.")
+        if self.amax_compute_algo is not None:
+            self.amax_compute_algo = self.amax_compute_algo.lower()
+            if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+                raise ValueError(
+                    f"`amax_compute_algo` must be one of {' or '.join(AMAX_COMPUTE_ALGOS)}, "
+                    f"got {self.amax_compute_algo!r}."
+                )
+        if self.override_linear_precision is not None:
+            flags = tuple(bool(v) for v in self.override_linear_precision)
+            if len(flags) != 3:
+                raise ValueError(
+                    "`override_linear_precision` takes three booleans (fprop, dgrad, wgrad), "
+                    f"got {self.override_linear_precision!r}."
+                )
+            self.override_linear_precision = (flags[0], flags[1], flags[2])
 
 
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """fp8 recipe for torchao's float8 training: its `Float8LinearConfig` and which modules to convert."""
+    """fp8 through torchao's float8 training; passing it selects the "ao" backend.
+
+    With `config=None` the adapter builds torchao's `Float8LinearConfig` from `pad_inner_dim` and
+    `enable_fsdp_float8_all_gather` (each None: the launcher's `ACCEL_FP8_*` value, else True, as in
+    Accelerate).
+    """
 
     config: Any = None
+    """A `torchao.float8.Float8LinearConfig`, used as it is."""
     module_filter_func: Callable[..., bool] | None = None
+    """`(module, fqn) -> bool`: which Linears to convert; None: every Linear with both dimensions multiples of 16
+    except the model's first and last (Accelerate's `filter_linear_layers`)."""
     pad_inner_dim: bool | None = None
-    """With `config=None`: build a `Float8LinearConfig(pad_inner_dim=...)` (as Accelerate does)."""
+    """With `config=None`: pad GEMM inner dimensions to multiples of 16."""
     enable_fsdp_float8_all_gather: bool | None = None
-    """With `config=None`: build a `Float8LinearConfig(enable_fsdp_float8_all_gather=...)`."""
+    """With `config=None`: under FSDP2, all-gather weights in fp8 (and precompute their scales after each
+    optimizer step)."""
 
     def __post_init__(self) -> None:
-        flags = {
-            name: getattr(self, name)
-            for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather")
-            if getattr(self, name) is not None
-        }
-        if not flags:
-            return
-        if self.config is not None:
+        flags = [name for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather") if getattr(self, name) is not None]
+        if flags and self.config is not None:
             raise ValueError(
                 f"AORecipeKwargs: {', '.join(flags)} only apply when no `config` is given (Accelerate ignores them "
                 "then); set them on the Float8LinearConfig you pass instead."
             )
-        try:
-            from torchao.float8 import Float8LinearConfig
-        except ImportError as e:
-            raise ImportError(
-                f"AORecipeKwargs({', '.join(f'{k}=' for k in flags)}) builds a torchao `Float8LinearConfig`, and "
-                "torchao is not installed: install torchao (with an adapter that supports fp8), or drop these "
-                "arguments."
-            ) from e
-        self.config = Float8LinearConfig(**flags)
 
 
 @dataclass
 class FP8RecipeKwargs(TERecipeKwargs):
-    """Accelerate's combined fp8 handler: a `TERecipeKwargs` plus the `backend` it is for ("te", "ao")."""
+    """Accelerate's older combined fp8 handler: a `TERecipeKwargs` plus the `backend` it is for.
+
+    `backend`: "TE" (the default), or "AO" (torchao, with its defaults; accel's addition: Accelerate accepts
+    "TE" or "MSAMP"). None: the launcher's `ACCEL_FP8_BACKEND`, else "TE". MS-AMP is refused.
+    """
 
     backend: str | None = None
     opt_level: str | None = None
@@ -176,6 +205,8 @@ class FP8RecipeKwargs(TERecipeKwargs):
                     "FP8RecipeKwargs(backend='msamp') / opt_level: MS-AMP is not supported by accel. "
                     "Use TERecipeKwargs or AORecipeKwargs with an adapter that supports fp8."
                 )
+            if self.backend not in ("TE", "AO"):
+                raise ValueError(f"FP8RecipeKwargs: `backend` must be 'TE' or 'AO', got {self.backend!r}.")
 
 
 __all__ = [
