@@ -60,7 +60,10 @@ def test_use_autocast_during_eval_decides_whether_eval_runs_in_fp8(eval_too: Any
 @pytest.mark.parametrize(
     ("handler", "message"),
     [
-        (TERecipeKwargs(fp8_format="E4M3"), r"^TERecipeKwargs\(fp8_format=\) = 'E4M3': Gaudi runs fp8 as HYBRID or E5M2"),
+        (
+            TERecipeKwargs(fp8_format="E4M3"),
+            r"^TERecipeKwargs\(fp8_format=\) = 'E4M3': Gaudi runs fp8 as HYBRID or E5M2",
+        ),
         (
             TERecipeKwargs(use_mxfp8_block_scaling=True),
             r"^TERecipeKwargs\(use_mxfp8_block_scaling=\) = True: MXFP8 block scaling is not available on HPU\.$",

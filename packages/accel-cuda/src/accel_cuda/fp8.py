@@ -208,7 +208,9 @@ def check_mxfp8(vendor: ModuleType, te: TERecipeKwargs, request: FP8Request) -> 
     if not ok:
         if "use_mxfp8_block_scaling" in request.settings:
             raise request.refuse("use_mxfp8_block_scaling", f"MXFP8 block scaling is not available: {why}.")
-        raise FP8RecipeError(f"TERecipeKwargs(use_mxfp8_block_scaling=True): MXFP8 block scaling is not available: {why}.")
+        raise FP8RecipeError(
+            f"TERecipeKwargs(use_mxfp8_block_scaling=True): MXFP8 block scaling is not available: {why}."
+        )
 
 
 def convert_te(model: torch.nn.Module, vendor: ModuleType) -> int:

@@ -56,9 +56,7 @@ class CUDAPrecision(Precision):
         request = getattr(ctx, "fp8", None) or NO_FP8_REQUEST
         own_te, own_ao = ctx.handler(fp8.TERecipeKwargs), ctx.handler(fp8.AORecipeKwargs)
         wanted, te_kwargs, ao_kwargs = fp8.from_request(request, own_te, own_ao)
-        source = (
-            f"accel_cuda.{type(own_te or own_ao).__name__}" if own_te or own_ao else request.backend_source
-        )
+        source = f"accel_cuda.{type(own_te or own_ao).__name__}" if own_te or own_ao else request.backend_source
         backend = fp8.choose_backend(vendor, wanted, source)
         with torch.no_grad():
             if backend == "te":

@@ -34,7 +34,7 @@ from ..strategies.parallelism_config import (
     with_parallelism,
 )
 from .env import _warn, apply_accelerate_env, launch_defaults
-from .fp8 import fp8_request
+from .handlers import fp8_request
 from .objects import convert, convert_accelerator_arguments, user_stacklevel
 from .table import AccelerateFeatureError
 

@@ -97,7 +97,7 @@ def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[st
             target, convert = _DIRECT[name]
             env.setdefault(target, convert(value))
         elif name.startswith("ACCELERATE_FP8_") and name.removeprefix("ACCELERATE_FP8_").lower() in FP8_KEYS:
-            # The fp8 recipe's defaults (`--fp8_*`); the recipe is built from them in `accel.compat.fp8`.
+            # The fp8 recipe's defaults (`--fp8_*`); the recipe is built from them in `accel.compat.handlers`.
             env.setdefault("ACCEL" + name.removeprefix("ACCELERATE"), value)
         elif name in _FLAGS:
             if as_bool(name, value):

@@ -2,7 +2,7 @@
 
 Users name an fp8 recipe with Accelerate's handlers (`TERecipeKwargs`, `AORecipeKwargs`,
 `FP8RecipeKwargs(backend=...)`) or with the launcher (`ACCEL_FP8_*`, which `accelerate launch`'s
-`ACCELERATE_FP8_*` and `--fp8_*` flags become). The edge (`accel.compat.fp8`) folds them into one
+`ACCELERATE_FP8_*` and `--fp8_*` flags become). The edge (`accel.compat.handlers`) folds them into one
 `FP8Request`; the adapter's precision reads it from `RunContext.fp8` and builds its own recipe objects.
 Every setting in the request is either applied or refused by the adapter (`FP8Request.refuse`), so
 nothing a user configured is dropped in silence.

@@ -117,7 +117,7 @@ class EnvSettings:
     parallelism: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     fp8: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """The fp8 recipe defaults a launcher passed, by `FP8_KEYS` key (`backend` -> `ACCEL_FP8_BACKEND`'s value);
-    parsed where the recipe is built (`accel.compat.fp8`), so a handler given in code keeps a bad one harmless."""
+    parsed where the recipe is built (`accel.compat.handlers`), so a handler given in code keeps a bad one harmless."""
     """`ParallelismConfig` defaults by field (`tp_size` -> `ACCEL_PARALLELISM_TP_SIZE`, else Accelerate's
     `PARALLELISM_CONFIG_TP_SIZE`)."""
     config_file: str | None = None
