@@ -86,15 +86,14 @@ def test_override_linear_precision_transformer_engine_lacks_is_refused() -> None
         prepared(TERecipeKwargs(override_linear_precision=(True, False, False)))
 
 
-@pytest.mark.parametrize("eval_too", [False, True])
-def test_use_autocast_during_eval_decides_whether_eval_runs_in_fp8(eval_too: bool) -> None:
-    model = prepared(TERecipeKwargs(use_autocast_during_eval=eval_too)).eval()
+def test_use_autocast_during_eval_decides_whether_eval_runs_in_fp8() -> None:
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = Net()(x).float()
-    with torch.no_grad():
-        out = model(x)
-    assert torch.equal(out, bf16) is not eval_too
+    for eval_too in (True, False):
+        model = prepared(TERecipeKwargs(use_autocast_during_eval=eval_too)).eval()
+        with torch.no_grad():
+            assert torch.equal(model(x), bf16) is not eval_too, eval_too
 
 
 def test_ao_handler_module_filter_decides_which_layers_convert() -> None:
