@@ -183,3 +183,10 @@ def test_a_gpu_without_fp8_warns_and_trains_fp16_as_accelerate(
     assert "(Tesla V100 (compute capability 7.0)) has a compute capability insufficient for FP8" in caplog.text
     assert "Will use FP16 instead." in caplog.text
     assert converted(acc.prepare(Net())) == []
+
+
+def test_a_recipe_handler_without_fp8_is_refused_as_in_accelerate() -> None:
+    with pytest.raises(
+        ValueError, match=r"^Passing in an FP8 configuration requires setting `mixed_precision='fp8'`\.$"
+    ):
+        Accelerator(adapter="cuda", emulate=True, mixed_precision="bf16", kwargs_handlers=[TERecipeKwargs(margin=2)])

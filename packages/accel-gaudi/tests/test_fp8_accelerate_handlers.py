@@ -11,6 +11,7 @@ import pytest
 import torch
 from accel import Accelerator
 from accel.errors import FP8RecipeError
+from accel.state import AcceleratorState
 from accel.utils import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
 from accel_gaudi import GaudiFP8RecipeKwargs, hpu_emulated
 from torch import nn
@@ -107,3 +108,14 @@ def test_gaudi1_warns_and_trains_bf16_as_accelerate(
     assert "Will use BF16 instead." in caplog.text
     model = acc.prepare(mlp())
     assert not any(hpu_emulated.is_fp8_linear(m) for m in model.modules())
+
+
+def test_a_recipe_handler_reaches_the_fp8_option_under_bf16_and_is_refused_without_fp8(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValueError, match=r"^Passing in an FP8 configuration requires setting `mixed_precision='fp8'`"):
+        Accelerator(adapter="gaudi", emulate=True, mixed_precision="bf16", kwargs_handlers=[TERecipeKwargs(margin=2)])
+    AcceleratorState._reset_state(reset_partial_state=True)  # the adapter reads its options when it is built
+    monkeypatch.setenv("ACCEL_GAUDI_FP8", "1")
+    acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision="bf16", kwargs_handlers=[TERecipeKwargs(margin=2)])
+    assert acc.prepare(mlp())._accel_fp8_recipe.margin == 2

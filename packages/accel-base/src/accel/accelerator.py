@@ -23,6 +23,7 @@ from .adapter.registry import get_strategy_class
 from .checkpoint import state as ckpt
 from .compat.accelerator import AcceleratorCompatMixin
 from .compat.arguments import accelerator_settings
+from .compat.handlers import check_fp8_handlers_used
 from .compat.objects import adopt_tracker
 from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .distributed import ops
@@ -191,6 +192,8 @@ class Accelerator(AcceleratorCompatMixin):
             autocast_kwargs=_autocast_kwargs(self.autocast_handler),
         )
         self.scaler = self.precision.scaler
+        requested = settings.mixed_precision or settings.env.mixed_precision
+        check_fp8_handlers_used(self.kwargs_handlers, requested, self.precision.fp8, self.strategy.name)
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None

@@ -64,7 +64,7 @@ class CUDAPrecision(Precision):
                 fp8.check_mxfp8(vendor, te_kwargs, request)
                 fp8.convert_te(model, vendor)
                 model._accel_te_recipe = te_kwargs.recipe(vendor)
-                model._accel_fp8_eval = te_kwargs.use_autocast_during_eval
+                model._accel_fp8_eval = te_kwargs.use_autocast_during_eval  # type: ignore[assignment]
             else:
                 ao_kwargs = ao_kwargs or fp8.AORecipeKwargs()
                 keep = ao_kwargs.module_filter_func or fp8.default_ao_filter(model)

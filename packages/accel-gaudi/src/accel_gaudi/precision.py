@@ -99,6 +99,6 @@ class GaudiPrecision(Precision):
             with torch.no_grad():
                 convert_linears(model, adapter.vendor)
             model._accel_fp8_recipe = handler.recipe(adapter.vendor)
-            model._accel_fp8_eval = True if eval_too is None else eval_too
+            model._accel_fp8_eval = True if eval_too is None else eval_too  # type: ignore[assignment]
         wrap_gradient_checkpointing(model, adapter.vendor, model._accel_fp8_recipe)
         return model

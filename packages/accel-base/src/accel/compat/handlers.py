@@ -328,6 +328,19 @@ def fp8_request(handlers: Mapping[type, Any], env_fp8: Mapping[str, str]) -> FP8
     )
 
 
+def check_fp8_handlers_used(handlers: Mapping[type, Any], requested: str | None, fp8: bool, strategy: str) -> None:
+    """An fp8 recipe handler is refused when nothing in the run is fp8, as Accelerate does (except under FSDP2 and
+    DeepSpeed, which Accelerate exempts): `requested` is the precision asked for, `fp8` whether the run's
+    precision converts models to fp8 anyway (an adapter's own fp8 option).
+
+    Raises:
+        ValueError: Accelerate's message.
+    """
+    given = any(issubclass(kind, (TERecipeKwargs, AORecipeKwargs)) for kind in handlers)
+    if given and not fp8 and str(requested or "no").lower() != "fp8" and strategy not in ("fsdp2", "deepspeed"):
+        raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
+
+
 def _code_fields(handler: Any) -> dict[str, Any]:
     """The recipe fields a handler sets (None: left to the launcher or the backend)."""
     if handler is None:

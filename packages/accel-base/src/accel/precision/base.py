@@ -155,6 +155,12 @@ class Precision:
         kind = getattr(adapter, "precision_class", None) or cls
         return kind(mode, adapter, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
 
+    @property
+    def fp8(self) -> bool:
+        """Whether prepared models get fp8 layers (base: under `mixed_precision="fp8"`; an adapter may convert
+        under other modes too, e.g. on its own fp8 option)."""
+        return self.mode == "fp8"
+
     def convert_module(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         """Make a model run in this precision (the walk's precision step, after placement): fp8 layers
         (`convert_fp8`), and a forward under `forward_context` whose half-precision outputs come back as fp32."""
