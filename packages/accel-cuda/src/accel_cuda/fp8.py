@@ -75,12 +75,12 @@ class TERecipeKwargs(KwargsHandler):
             )
         if self.use_mxfp8_block_scaling:
             delayed = {"interval": 1, "amax_history_len": 1024, "amax_compute_algo": "most_recent"}
-            set_ = [k for k, default in delayed.items() if getattr(self, k) != default]
+            delayed_only = [k for k, default in delayed.items() if getattr(self, k) != default]
             if self.override_linear_precision != (False, False, False):
-                set_.append("override_linear_precision")
-            if set_:
+                delayed_only.append("override_linear_precision")
+            if delayed_only:
                 raise ValueError(
-                    f"use_mxfp8_block_scaling=True takes no {', '.join(set_)}: MXFP8 block scaling computes each "
+                    f"use_mxfp8_block_scaling=True takes no {', '.join(delayed_only)}: MXFP8 block scaling computes each "
                     "scale from the tensor itself (these configure delayed scaling). Drop them."
                 )
 
@@ -205,6 +205,7 @@ def check_mxfp8(vendor: ModuleType, te: TERecipeKwargs, request: FP8Request) -> 
     if not te.use_mxfp8_block_scaling:
         return
     ok, why = vendor.mxfp8_supported()
+    why = str(why).rstrip(".")
     if not ok:
         if "use_mxfp8_block_scaling" in request.settings:
             raise request.refuse("use_mxfp8_block_scaling", f"MXFP8 block scaling is not available: {why}.")
