@@ -51,11 +51,15 @@ NOTES = {
     "synchronize_rng_states": "a name other than torch/generator means the adapter's device generator",
     "RNGType": "TORCH and GENERATOR; device generators by any other name",
     "DynamoBackend": "hardware-specific backends come from the adapters; torch.compile accepts any name",
-    "FP8RecipeKwargs": "MS-AMP (`backend='msamp'`, `opt_level`) refused; honoured by adapters that implement fp8",
-    "TERecipeKwargs": "kept on the Accelerator for the adapters that implement fp8",
-    "AORecipeKwargs": "kept on the Accelerator for the adapters that implement fp8; `pad_inner_dim` / "
-    "`enable_fsdp_float8_all_gather` build the Float8LinearConfig when given (torchao's defaults otherwise, "
-    "where Accelerate turns both on)",
+    "FP8RecipeKwargs": "`backend` 'TE' (the default, else `ACCELERATE_FP8_BACKEND`) or 'AO' (accel's addition); "
+    "each field reaches the fp8 adapter's recipe or is refused by name (`accel.errors.FP8RecipeError`); MS-AMP "
+    "(`backend='msamp'`, `opt_level`) refused; no deprecation warning",
+    "TERecipeKwargs": "each field reaches the fp8 adapter's recipe or is refused by name (`accel.errors."
+    "FP8RecipeError`); a field left None takes `ACCELERATE_FP8_*` / `--fp8_*` / `fp8_config`, else the backend's "
+    "default; building it needs no TransformerEngine",
+    "AORecipeKwargs": "the adapter builds torchao's Float8LinearConfig from `pad_inner_dim` / "
+    "`enable_fsdp_float8_all_gather` (on unless set off, as in Accelerate) when no `config` is given, so `.config` "
+    "stays None on the handler; building it needs no torchao",
     "TorchDynamoPlugin": "`disable=True` prepares the model without compiling it (no OptimizedModule wrapper)",
     "get_gpu_info": "answered by `torch.accelerator` for any device backend; `([], 0)` without one (Accelerate "
     "fails without nvidia-smi)",
@@ -83,7 +87,7 @@ NOTES = {
     "save_fsdp_optimizer": "FSDP2 only; Accelerate's files (`optimizer.bin` keyed by name, or `optimizer_<i>/`)",
     "load_fsdp_optimizer": "FSDP2 only; reads Accelerate's files with restricted readers (nothing in them runs code)",
     "merge_fsdp_weights": "merges a torch.distributed.checkpoint directory; accel's own checkpoints hold full weights",
-    "fp8_backend": "returns 'AO', 'TE' or 'NO' (a string, not Accelerate's FP8BackendType)",
+    "fp8_backend": "returns 'AO', 'TE', 'MSAMP' or 'NO' (a string, not Accelerate's FP8BackendType): the backend the recipe handler or the launcher named; 'NO' when the adapter picks",
     "parallelism_config": "the ParallelismConfig given (or built from a launcher's settings): sharded sizes compose on FSDP2, replicate-only configs run as DDP",
     "torch_device_mesh": "the ParallelismConfig's named mesh, else the FSDP2 strategy's 1-D mesh, else None",
     "multi_device": "True for data-parallel runs on accelerator devices (False on CPUs, as in Accelerate)",

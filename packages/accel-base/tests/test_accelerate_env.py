@@ -88,10 +88,17 @@ def test_accel_variables_win_over_accelerate_ones() -> None:
     assert env["ACCEL_MIXED_PRECISION"] == "bf16"
 
 
+def test_fp8_variables_become_the_recipe_defaults() -> None:
+    env = {"ACCELERATE_FP8_BACKEND": "ao", "ACCELERATE_FP8_PAD_INNER_DIM": "false", "ACCEL_FP8_MARGIN": "1"}
+    env["ACCELERATE_FP8_MARGIN"] = "3"
+    assert apply_accelerate_env(env) == []
+    assert (env["ACCEL_FP8_BACKEND"], env["ACCEL_FP8_PAD_INNER_DIM"], env["ACCEL_FP8_MARGIN"]) == ("ao", "false", "1")
+
+
 def test_unhonoured_variables_are_named_in_one_warning() -> None:
-    env = {"ACCELERATE_FP8_BACKEND": "te", "MEGATRON_LM_TP_DEGREE": "2", "ACCELERATE_USE_SAGEMAKER": "false"}
-    with pytest.warns(UserWarning, match=r"ACCELERATE_FP8_BACKEND, MEGATRON_LM_TP_DEGREE\. See docs/launching") as w:
-        assert apply_accelerate_env(env) == ["ACCELERATE_FP8_BACKEND", "MEGATRON_LM_TP_DEGREE"]
+    env = {"ACCELERATE_DOWNCAST_BF16": "yes", "MEGATRON_LM_TP_DEGREE": "2", "ACCELERATE_USE_SAGEMAKER": "false"}
+    with pytest.warns(UserWarning, match=r"ACCELERATE_DOWNCAST_BF16, MEGATRON_LM_TP_DEGREE\. See docs/launching") as w:
+        assert apply_accelerate_env(env) == ["ACCELERATE_DOWNCAST_BF16", "MEGATRON_LM_TP_DEGREE"]
     assert len(w) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -393,18 +393,13 @@ def test_torch_dynamo_plugin_disable_prepares_without_compiling() -> None:
     assert not is_compiled_module(Accelerator(dynamo_plugin=plugin).prepare(torch.nn.Linear(2, 2)))
 
 
-def test_ao_recipe_kwargs_flags_need_torchao_or_refuse_with_a_config() -> None:
+def test_ao_recipe_kwargs_keeps_its_switches_for_the_adapter_or_refuses_them_with_a_config() -> None:
     from accel.utils import AORecipeKwargs
 
-    assert AORecipeKwargs().config is None
+    handler = AORecipeKwargs(pad_inner_dim=False, enable_fsdp_float8_all_gather=True)
+    assert (handler.config, handler.pad_inner_dim, handler.enable_fsdp_float8_all_gather) == (None, False, True)
     with pytest.raises(ValueError, match="set them on the Float8LinearConfig"):
         AORecipeKwargs(config=object(), pad_inner_dim=True)
-    if importlib.util.find_spec("torchao") is None:
-        with pytest.raises(ImportError, match=r"AORecipeKwargs\(pad_inner_dim=, enable_fsdp_float8_all_gather=\)"):
-            AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False)
-    else:
-        config = AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False).config
-        assert config.pad_inner_dim is True and config.enable_fsdp_float8_all_gather is False
 
 
 def test_file_name_constants_name_the_files_accel_writes(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ accepted by `accel launch` with the same meaning under both spellings, or refuse
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,14 @@ from accel.commands.launch_resolve import resolve
 FLAGS = json.loads((Path(__file__).parent / "fixtures" / "accelerate" / "launch_flags.json").read_text())
 # Named after one vendor's hardware: the core declares none of them (the adapter for that hardware does).
 VENDOR_FLAGS = {"tpu", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
-SAMPLES = {"config_file": "c.yaml", "tee": "3", "rdzv_conf": "timeout=5", "gpu_ids": "0,1", "role": "trainer"}
+SAMPLES = {
+    "config_file": "c.yaml",
+    "tee": "3",
+    "rdzv_conf": "timeout=5",
+    "gpu_ids": "0,1",
+    "role": "trainer",
+    "fp8_override_linear_precision": "false,false,true",
+}
 
 
 def outcome(option: str, spec: dict[str, object], capsys: pytest.CaptureFixture[str]) -> str:
@@ -226,3 +234,53 @@ def test_an_adapter_whose_flags_fail_is_left_out_unless_selected(monkeypatch, ca
     assert "the 'brokenflags' adapter's flags are left out (AttributeError" in capsys.readouterr().err
     with pytest.raises(UsageError, match="the 'brokenflags' adapter's launch flags cannot be declared"):
         _launch_parser(["--adapter", "brokenflags", "train.py"])
+
+
+def test_fp8_flags_become_the_recipe_defaults_of_the_workers(tmp_path: Path) -> None:
+    env = _env_for(
+        tmp_path,
+        "--fp8_backend",
+        "te",
+        "--fp8_margin",
+        "2",
+        "--fp8_format",
+        "E4M3",
+        "--fp8_use_autocast_during_eval",
+        "--fp8_override_linear_precision",
+        "false,false,true",
+        "--fp8_pad_inner_dim",
+        "false",
+    )
+    fp8 = {k: v for k, v in env.items() if k.startswith("ACCEL_FP8_")}
+    assert fp8 == {
+        "ACCEL_FP8_BACKEND": "te",
+        "ACCEL_FP8_MARGIN": "2",
+        "ACCEL_FP8_FORMAT": "E4M3",
+        "ACCEL_FP8_USE_AUTOCAST_DURING_EVAL": "true",
+        "ACCEL_FP8_OVERRIDE_FPROP": "false",
+        "ACCEL_FP8_OVERRIDE_DGRAD": "false",
+        "ACCEL_FP8_OVERRIDE_WGRAD": "true",
+        "ACCEL_FP8_PAD_INNER_DIM": "false",
+    }
+
+
+def test_fp8_config_in_an_accelerate_file_sets_the_recipe_defaults_and_the_environment_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accel.compat.config_file import accelerate_launch_defaults
+    from accel.settings.config_file import ConfigError
+
+    for var in ("ACCEL_FP8_BACKEND", "ACCEL_FP8_AMAX_HISTORY_LEN", "ACCEL_FP8_USE_AUTOCAST_DURING_EVAL"):
+        monkeypatch.setenv(var, "")  # recorded as unset, so the values the file writes are removed afterwards
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("ACCEL_FP8_MARGIN", "5")  # already set: beats the file
+    fp8 = {"backend": "AO", "margin": 1, "amax_history_length": 16, "use_autocast_during_eval": True}
+    accelerate_launch_defaults({"mixed_precision": "fp8", "fp8_config": fp8}, {})
+    assert os.environ["ACCEL_FP8_BACKEND"] == "AO"
+    assert os.environ["ACCEL_FP8_MARGIN"] == "5"
+    assert os.environ["ACCEL_FP8_AMAX_HISTORY_LEN"] == "16"
+    assert os.environ["ACCEL_FP8_USE_AUTOCAST_DURING_EVAL"] == "true"
+    with pytest.raises(
+        ConfigError, match=r"^config: fp8_config: 'margn' is not an fp8 recipe key; accel reads backend, "
+    ):
+        accelerate_launch_defaults({"fp8_config": {"margn": 1}}, {})

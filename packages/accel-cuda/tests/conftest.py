@@ -29,6 +29,8 @@ def _reset_emulation() -> None:
     cuda_emulated.tf32.update(matmul=False, cudnn=True)
     cuda_emulated.installed_fp8_backends.clear()
     cuda_emulated.installed_fp8_backends.update({"te", "ao"})
+    cuda_emulated.mxfp8["supported"] = True
+    cuda_emulated.fsdp_scale_precomputes.clear()
     fp8_emulation._active.clear()
 
 

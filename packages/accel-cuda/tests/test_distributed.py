@@ -1,7 +1,7 @@
 """Two gloo ranks through `accel launch --adapter cuda --emulate`: set_device per local rank, DDP
 against a one-process reference, the fp16/bf16/PowerSGD comm hooks, FSDP2 with CPU offload
 (pinning off), compile after DDP, an fp16 overflow on one rank, and the distributed-only
-device-map errors. One launch runs every scenario (a launch costs ~10 s here); each test
+device-map errors, fp8 (torchao) under FSDP2. One launch runs every scenario (a launch costs ~10 s here); each test
 checks one of them."""
 
 from __future__ import annotations
@@ -115,6 +115,17 @@ out["fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
 out["fsdp_param_device"] = model.embed.weight.device.type
 out["fsdp"] = weights(acc, model)
 
+# fp8 (torchao) under FSDP2: every Linear converted before sharding, the weights' fp8 scales precomputed
+# after each optimizer step (enable_fsdp_float8_all_gather, on by default as in Accelerate).
+from accel.utils import AORecipeKwargs
+acc = fresh(mixed_precision="fp8", fsdp_plugin=FSDPConfig(),
+            kwargs_handlers=[AORecipeKwargs(module_filter_func=lambda m, fqn: True)])
+model, _ = train(acc)
+out["fp8_fsdp_layers"] = sum(cuda_emulated.is_ao_linear(m) for m in model.modules())
+out["fp8_fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
+out["fp8_fsdp_precomputes"] = sum(cuda_emulated.fsdp_scale_precomputes.values())
+out["fp8_fsdp"] = weights(acc, model)
+
 acc = fresh(dynamo_plugin=TorchDynamoPlugin(backend="aot_eager"))
 model, _ = train(acc)
 out["compiled_type"] = type(model).__name__
@@ -223,6 +234,15 @@ def test_fsdp2_with_cpu_offload_runs_unpinned_and_matches_ddp(results):
     assert r0["fsdp_param_device"] == "cpu"
     assert max_diff(weights(r0, "fsdp"), weights(r0, "ddp")) < 1e-5
     assert r1["fsdp"] == {}  # the full state dict is gathered on the main process
+
+
+def test_fp8_under_fsdp2_shards_converted_layers_and_precomputes_scales_each_step(results):
+    for r in results:
+        assert r["fp8_fsdp_layers"] == 4
+        assert r["fp8_fsdp_local_rows"] == 16  # 32 rows over 2 ranks
+        assert r["fp8_fsdp_precomputes"] == 4  # one per optimizer step
+    diff = max_diff(weights(results[0], "fp8_fsdp"), weights(results[0], "reference"))
+    assert 0 < diff < 0.05, diff  # fp8-rounded, close to the one-process fp32 run
 
 
 def test_compile_comes_last_around_ddp_and_trains_identically(results):

@@ -1,6 +1,6 @@
 """Behaviours matched to optimum-habana's `GaudiAccelerator` (issue 20), emulated: fp8 conversion
 (LoRA base layers only, fp8 fused SDPA, PT_HPU_FP8_MINIMIZE_MEMORY, the recipe's defaults,
-recompute under gradient checkpointing, Gaudi1 refused), fast_ddp's asynchronous all-reduce,
+recompute under gradient checkpointing, Gaudi1's fp8 option refused), fast_ddp's asynchronous all-reduce,
 Habana's fused AdamW / clip norm, and DeepSpeed's HPU switch."""
 
 from __future__ import annotations
@@ -151,9 +151,12 @@ def test_recompute_under_gradient_checkpointing_runs_in_fp8_like_the_forward():
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
 
 
-def test_gaudi1_refuses_fp8_with_a_clear_error(monkeypatch):
+def test_gaudi1_refuses_the_fp8_option_with_a_clear_error(monkeypatch):
+    # `mixed_precision="fp8"` falls back to bf16 there (test_fp8_accelerate_handlers); the adapter's own
+    # fp8 option asks for fp8 layers explicitly and is refused.
     monkeypatch.setenv("ACCEL_GAUDI_EMULATED_DEVICE", "GAUDI")
-    acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision="fp8")
+    monkeypatch.setenv("ACCEL_GAUDI_FP8", "1")
+    acc = Accelerator(adapter="gaudi", emulate=True, mixed_precision="bf16")
     with pytest.raises(ValueError, match=r"fp8 needs Gaudi2 or later; this device is GAUDI \(Gaudi1\)"):
         acc.prepare(nn.Sequential(nn.Linear(2, 2)))
     monkeypatch.setenv("ACCEL_GAUDI_EMULATED_DEVICE", "GAUDI3")

@@ -23,6 +23,7 @@ from .adapter.registry import get_strategy_class
 from .checkpoint import state as ckpt
 from .compat.accelerator import AcceleratorCompatMixin
 from .compat.arguments import accelerator_settings
+from .compat.handlers import check_fp8_handlers_used
 from .compat.objects import adopt_tracker
 from .data.loader import DataLoaderShard, prepare_data_loader, skip_first_batches
 from .distributed import ops
@@ -136,6 +137,7 @@ class Accelerator(AcceleratorCompatMixin):
         self.init_handler: InitProcessGroupKwargs | None = settings.init_handler
         self.autocast_handler: AutocastKwargs | None = settings.autocast_handler
         self.kwargs_handlers = dict(settings.handlers)
+        self._fp8_request = settings.fp8
         self.project_configuration = settings.project_config
         self.dataloader_config = settings.dataloader_config
 
@@ -190,6 +192,8 @@ class Accelerator(AcceleratorCompatMixin):
             autocast_kwargs=_autocast_kwargs(self.autocast_handler),
         )
         self.scaler = self.precision.scaler
+        requested = settings.mixed_precision or settings.env.mixed_precision
+        check_fp8_handlers_used(self.kwargs_handlers, requested, self.precision.fp8, self.strategy.name)
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -257,6 +261,7 @@ class Accelerator(AcceleratorCompatMixin):
             ddp_device_ids=self.adapter.ddp_device_ids(self.device),
             dynamo_plugin=self.state.dynamo_plugin,
             kwargs_handlers=self.kwargs_handlers,
+            fp8=self._fp8_request,
             adapter_defaults=self._adapter_defaults,
             optimizer_on_host=self.strategy.optimizer_on_host(),
             adapter=self.adapter,

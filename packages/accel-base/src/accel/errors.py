@@ -58,6 +58,11 @@ class UnsupportedHandlerError(AccelError, TypeError, AssertionError):
     the type Accelerate raises there, so code written against either library catches it."""
 
 
+class FP8RecipeError(AccelError, ValueError):
+    """An fp8 recipe setting (a recipe handler's field, an `ACCEL_FP8_*` variable) the run's fp8 backend cannot
+    honour; the message names the setting and why."""
+
+
 class SettingError(AccelError, ValueError):
     """A setting (launch flag, config key or environment variable; Accelerate's or accel's) accel cannot
     honour; the message starts with the setting's name."""

@@ -99,6 +99,20 @@ class CUDAAdapter(Adapter):
             return False  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
         return super().supports_precision(precision)
 
+    def precision_fallback(self, precision: str) -> tuple[str, str] | None:
+        """fp8 on a GPU without fp8 tensor cores (compute capability below 8.9): fp16, with Accelerate's
+        warning, as Accelerate does."""
+        if precision != "fp8":
+            return None
+        ok, device = self.vendor.fp8_hardware_supported()
+        if ok:
+            return None
+        return "fp16", (
+            f"The current device ({device}) has a compute capability insufficient for FP8 mixed precision "
+            "training (requires a GPU Hopper/Ada Lovelace or higher, compute capability of 8.9 or higher). "
+            "Will use FP16 instead."
+        )
+
     # ---- prepare --------------------------------------------------------------------------
     def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         tf32 = ctx.handler(TF32Kwargs)

@@ -96,16 +96,39 @@ def _te() -> Any:
     return te
 
 
-def te_recipe(*, fp8_format: str, margin: int, interval: int, amax_history_len: int, amax_compute_algo: str) -> Any:
-    """A TransformerEngine `DelayedScaling` recipe (`fp8_format`: "HYBRID", "E4M3" or "E5M2")."""
+def mxfp8_supported() -> tuple[bool, str]:
+    """Whether TransformerEngine can run MXFP8 block scaling here (Blackwell), and why not."""
+    try:
+        from transformer_engine.pytorch.fp8 import check_mxfp8_support
+    except ImportError:
+        return False, "this TransformerEngine has no MXFP8 block scaling (it needs TransformerEngine 2.0 or newer)"
+    ok, reason = check_mxfp8_support()
+    return bool(ok), str(reason)
+
+
+def te_recipe(
+    *,
+    fp8_format: str,
+    margin: int,
+    interval: int,
+    amax_history_len: int,
+    amax_compute_algo: str,
+    override_linear_precision: tuple[bool, bool, bool],
+    use_mxfp8_block_scaling: bool,
+) -> Any:
+    """A TransformerEngine recipe: `DelayedScaling`, or `MXFP8BlockScaling` (format and margin only)."""
     from transformer_engine.common import recipe
 
+    fmt = getattr(recipe.Format, fp8_format)
+    if use_mxfp8_block_scaling:
+        return recipe.MXFP8BlockScaling(fp8_format=fmt, margin=margin)
     return recipe.DelayedScaling(
-        fp8_format=getattr(recipe.Format, fp8_format),
+        fp8_format=fmt,
         margin=margin,
         interval=interval,
         amax_history_len=amax_history_len,
         amax_compute_algo=amax_compute_algo,
+        override_linear_precision=override_linear_precision,
     )
 
 
@@ -133,15 +156,27 @@ def te_fp8_autocast(recipe: Any) -> Any:
     return _te().fp8_autocast(enabled=True, fp8_recipe=recipe)
 
 
+def ao_config(*, pad_inner_dim: bool, enable_fsdp_float8_all_gather: bool) -> Any:
+    """torchao's `Float8LinearConfig` with Accelerate's two switches."""
+    from torchao.float8 import Float8LinearConfig
+
+    return Float8LinearConfig(pad_inner_dim=pad_inner_dim, enable_fsdp_float8_all_gather=enable_fsdp_float8_all_gather)
+
+
 def ao_convert(
     model: torch.nn.Module, config: Any, module_filter_fn: Callable[[torch.nn.Module, str], bool]
 ) -> torch.nn.Module:
     """torchao's float8 training conversion (in place: Linears become `Float8Linear`, same Parameters)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
 
-    return convert_to_float8_training(
-        model, config=config if config is not None else Float8LinearConfig(), module_filter_fn=module_filter_fn
-    )
+    return convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
+
+
+def ao_precompute_fsdp_scales(model: torch.nn.Module) -> None:
+    """After an optimizer step under FSDP2 with fp8 all-gather: compute every weight's fp8 scale in one pass."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def is_ao_linear(module: torch.nn.Module) -> bool:

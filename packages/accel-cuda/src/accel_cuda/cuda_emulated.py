@@ -99,9 +99,18 @@ def tf32_state() -> tuple[bool, bool]:
 
 # ---- fp8: stands for transformer_engine.pytorch and torchao.float8 --------------------------
 
+mxfp8 = {"supported": True}
+"""Whether the emulated GPU has MXFP8 block scaling (a Blackwell); tests turn it off to reach the refusal."""
+fsdp_scale_precomputes: Counter[int] = Counter()
+"""How many times `ao_precompute_fsdp_scales` ran, by id of the model."""
+
 
 def fp8_hardware_supported() -> tuple[bool, str]:
     return True, "emulated GPU (fp8 emulated in fp32 with fp8 rounding)"
+
+
+def mxfp8_supported() -> tuple[bool, str]:
+    return mxfp8["supported"], "" if mxfp8["supported"] else "the emulated GPU stands for one before Blackwell"
 
 
 def has_transformer_engine() -> bool:
@@ -112,16 +121,36 @@ def has_torchao() -> bool:
     return "ao" in installed_fp8_backends
 
 
+@dataclass(kw_only=True, frozen=True)
+class TERecipe(f8.Float8Recipe):
+    """Stands for TransformerEngine's `DelayedScaling` / `MXFP8BlockScaling`. MXFP8 computes each block's
+    scale from the tensor itself, emulated as dynamic per-tensor scaling; `override_linear_precision` is
+    recorded as the vendor recipe holds it."""
+
+    override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
+    block_scaling: bool = False
+
+
 def te_recipe(
-    *, fp8_format: str, margin: int, interval: int, amax_history_len: int, amax_compute_algo: str
-) -> f8.Float8Recipe:
-    return f8.Float8Recipe(
+    *,
+    fp8_format: str,
+    margin: int,
+    interval: int,
+    amax_history_len: int,
+    amax_compute_algo: str,
+    override_linear_precision: tuple[bool, bool, bool],
+    use_mxfp8_block_scaling: bool,
+) -> TERecipe:
+    if use_mxfp8_block_scaling:
+        return TERecipe(fp8_format=fp8_format, scaling="dynamic", margin=margin, block_scaling=True)
+    return TERecipe(
         fp8_format=fp8_format,
         scaling="delayed",
         margin=margin,
         interval=interval,
         amax_history_len=amax_history_len,
         amax_compute_algo=amax_compute_algo,
+        override_linear_precision=override_linear_precision,
     )
 
 
@@ -146,19 +175,43 @@ class Float8LinearConfig:
     """Stands for `torchao.float8.Float8LinearConfig` (tensorwise dynamic scaling, its default)."""
 
     fp8_format: str = "HYBRID"
+    pad_inner_dim: bool = False
+    enable_fsdp_float8_all_gather: bool = False
+
+
+def ao_config(*, pad_inner_dim: bool, enable_fsdp_float8_all_gather: bool) -> Float8LinearConfig:
+    return Float8LinearConfig(pad_inner_dim=pad_inner_dim, enable_fsdp_float8_all_gather=enable_fsdp_float8_all_gather)
 
 
 class AOFloat8Linear(f8.Float8Linear):
-    """Stands for torchao's `Float8Linear`: always fp8, dynamic per-tensor scaling."""
+    """Stands for torchao's `Float8Linear`: always fp8, dynamic per-tensor scaling. Without `pad_inner_dim`
+    an inner dimension that is not a multiple of 16 fails in the forward, as `torch._scaled_mm` does."""
+
+    def __init__(self, linear: torch.nn.Linear, *, recipe: f8.Float8Recipe, pad_inner_dim: bool) -> None:
+        super().__init__(linear, recipe=recipe)
+        self.pad_inner_dim = pad_inner_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.pad_inner_dim and self.in_features % 16:
+            raise RuntimeError(
+                f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: "
+                f"({x.shape[0]}x{self.in_features}) (emulated torch._scaled_mm; pad_inner_dim pads it)"
+            )
+        return super().forward(x)
 
 
 def ao_convert(
     model: torch.nn.Module, config: Any, module_filter_fn: Callable[[torch.nn.Module, str], bool]
 ) -> torch.nn.Module:
-    fmt = getattr(config, "fp8_format", "HYBRID")
-    recipe = f8.Float8Recipe(fp8_format=fmt, scaling="dynamic")
-    f8.swap_linears(model, lambda linear: AOFloat8Linear(linear, recipe=recipe), module_filter_fn)
+    config = config if config is not None else Float8LinearConfig()
+    recipe = f8.Float8Recipe(fp8_format=getattr(config, "fp8_format", "HYBRID"), scaling="dynamic")
+    pad = bool(getattr(config, "pad_inner_dim", False))
+    f8.swap_linears(model, lambda linear: AOFloat8Linear(linear, recipe=recipe, pad_inner_dim=pad), module_filter_fn)
     return model
+
+
+def ao_precompute_fsdp_scales(model: torch.nn.Module) -> None:
+    fsdp_scale_precomputes[id(model)] += 1
 
 
 def is_ao_linear(module: torch.nn.Module) -> bool:

@@ -32,6 +32,10 @@ DEEPSPEED_GRADIENT_CLIPPING = 1.0
 Accelerator, as by Accelerate; DeepSpeed's own default is 0, no clipping)."""
 
 
+GAUDI1_NAMES = ("GAUDI", "GAUDI1")
+"""How `device_name` reports a first-generation Gaudi."""
+
+
 class GaudiAdapter(Adapter):
     """Gaudi HPUs with the hccl backend; bf16 autocast, fp8 through Habana's transformer engine,
     lazy-mode step markers, `ddp` or `fast_ddp` data parallelism, FSDP2, and `hpu_backend` compilation.
@@ -126,6 +130,15 @@ class GaudiAdapter(Adapter):
             ):
                 obj.multiprocessing_context = multiprocessing.get_context("spawn")
 
+    def precision_fallback(self, precision: str) -> tuple[str, str] | None:
+        """`mixed_precision="fp8"` on Gaudi1 (no fp8 units): bf16, with Accelerate's warning, as Accelerate does."""
+        if precision == "fp8" and self.vendor.device_name() in GAUDI1_NAMES:
+            return "bf16", (
+                "The current HPU device is Gaudi1 which does not support FP8 mixed precision training (requires "
+                "Gaudi2 or higher). Will use BF16 instead."
+            )
+        return None
+
     def check_fp8_supported(self) -> None:
         """Gaudi1 has no fp8 units (Gaudi's stack refuses fp8 there too).
 
@@ -133,7 +146,7 @@ class GaudiAdapter(Adapter):
             ValueError: on a first-generation Gaudi.
         """
         name = self.vendor.device_name()
-        if name in ("GAUDI", "GAUDI1"):
+        if name in GAUDI1_NAMES:
             raise ValueError(
                 f"fp8 needs Gaudi2 or later; this device is {name} (Gaudi1). Use mixed_precision='bf16' "
                 "and drop --fp8 / ACCEL_GAUDI_FP8."

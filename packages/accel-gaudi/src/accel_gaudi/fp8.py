@@ -8,6 +8,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from accel.errors import FP8RecipeError
+from accel.precision.fp8_request import FP8Request
 from accel.settings.kwargs import KwargsHandler
 
 FP8_FORMATS = ("E5M2", "HYBRID")
@@ -58,6 +60,38 @@ class GaudiFP8RecipeKwargs(KwargsHandler):
             amax_compute_algo=self.amax_compute_algo,
             reduce_amax=self.reduce_amax,
         )
+
+
+def recipe_from_request(request: FP8Request) -> tuple[GaudiFP8RecipeKwargs, bool | None]:
+    """Gaudi's recipe for Accelerate's recipe handlers and the launcher's fp8 settings (`RunContext.fp8`), field
+    for field over Gaudi's defaults, and their `use_autocast_during_eval` (None: not given). What Habana's
+    transformer engine cannot run is refused by name.
+
+    Raises:
+        FP8RecipeError: the torchao or MS-AMP backend, an E4M3-only format, MXFP8 block scaling or
+            higher-precision GEMMs, naming the setting.
+    """
+    if request.backend in ("ao", "msamp"):
+        lib = "torchao float8 training" if request.backend == "ao" else "MS-AMP"
+        raise FP8RecipeError(
+            f"{request.backend_source} = {request.backend!r}: {lib} does not run on Gaudi; fp8 there is Habana's "
+            "transformer engine (TERecipeKwargs or FP8RecipeKwargs(backend='TE'))."
+        )
+    request.refuse_unless(
+        "fp8_format", FP8_FORMATS, "Gaudi runs fp8 as HYBRID or E5M2 (its transformer engine has no E4M3-only recipe)."
+    )
+    request.refuse_unless("use_mxfp8_block_scaling", (False,), "MXFP8 block scaling is not available on HPU.")
+    request.refuse_unless(
+        "override_linear_precision",
+        ((False, False, False),),
+        "accel-gaudi runs every GEMM of Habana's fp8 Linear in fp8; drop it.",
+    )
+    fields = ("fp8_format", "margin", "interval", "amax_history_len", "amax_compute_algo")
+    try:
+        recipe = GaudiFP8RecipeKwargs(**{k: v for k, v in request.given("te").items() if k in fields})
+    except ValueError as e:
+        raise FP8RecipeError(f"{request.backend_source or 'the launcher ACCEL_FP8_* settings'}: {e}") from None
+    return recipe, request.settings.get("use_autocast_during_eval")
 
 
 def _minimize_memory() -> bool:

@@ -3,12 +3,14 @@ Habana's transformer engine (emulated by `accel_gaudi.hpu_emulated`), as a `Prec
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accel.precision.base import Precision, enter_all, wrap_forward_in_autocast
+from accel.precision.fp8_request import NO_FP8_REQUEST
 
-from .fp8 import GaudiFP8RecipeKwargs, convert_linears, wrap_gradient_checkpointing
+from .fp8 import GaudiFP8RecipeKwargs, convert_linears, recipe_from_request, wrap_gradient_checkpointing
 
 if TYPE_CHECKING:
     from accel.prepare.context import PrepareContext
@@ -19,8 +21,9 @@ class GaudiPrecision(Precision):
 
     - Module conversion: under fp8 (`mixed_precision="fp8"`, or the `fp8` option with any mode)
       every `nn.Linear` becomes Habana's fp8 Linear holding the same Parameters, with the recipe
-      of a `GaudiFP8RecipeKwargs` handler (or its defaults), and gradient-checkpointed blocks
-      recompute in fp8 as their forward ran.
+      of a `GaudiFP8RecipeKwargs` handler, else of Accelerate's recipe handlers and the launcher's fp8
+      settings (`RunContext.fp8`) over Gaudi's defaults, and gradient-checkpointed blocks recompute in
+      fp8 as their forward ran.
     - Forward context: bf16 autocast when `autocasts` says so (Gaudi's `force_autocast` rule),
       then the vendor's `fp8_autocast` with the model's recipe under fp8; outputs come back in fp32.
 
@@ -53,10 +56,32 @@ class GaudiPrecision(Precision):
         if self.fp8:
             model = self.convert_fp8(model, ctx)
             recipe = model._accel_fp8_recipe
-            contexts.append(lambda: adapter.vendor.fp8_autocast(recipe))
+            eval_too = model._accel_fp8_eval
+
+            def fp8_context() -> Any:
+                if model.training or eval_too:
+                    return adapter.vendor.fp8_autocast(recipe)
+                return contextlib.nullcontext()
+
+            contexts.append(fp8_context)
         if contexts:
             wrap_forward_in_autocast(model, lambda: enter_all(contexts))
         return model
+
+    def recipe(self, ctx: PrepareContext) -> tuple[GaudiFP8RecipeKwargs, bool | None]:
+        """The recipe and whether eval runs in fp8 too (None: yes, Gaudi's way): a `GaudiFP8RecipeKwargs`
+        handler, else Accelerate's recipe handlers and the launcher's fp8 settings (`RunContext.fp8`).
+
+        Raises:
+            ValueError: a `GaudiFP8RecipeKwargs` and an Accelerate-named recipe handler together.
+        """
+        own = ctx.handler(GaudiFP8RecipeKwargs)
+        request = getattr(ctx, "fp8", None) or NO_FP8_REQUEST
+        if own is None:
+            return recipe_from_request(request)
+        if request.backend is not None and request.backend_source != "ACCEL_FP8_BACKEND":
+            raise ValueError(f"GaudiFP8RecipeKwargs and {request.backend_source} both set the fp8 recipe: pass one.")
+        return own, None
 
     def convert_fp8(self, model: torch.nn.Module, ctx: PrepareContext) -> torch.nn.Module:
         """Swap every `nn.Linear` for Habana's fp8 Linear (same Parameters, Gaudi's `convert_model`
@@ -65,13 +90,15 @@ class GaudiPrecision(Precision):
 
         Raises:
             ValueError: on a first-generation Gaudi (`GaudiAdapter.check_fp8_supported`).
+            accel.errors.FP8RecipeError: a recipe setting Habana's transformer engine cannot honour, named.
         """
         adapter = self.adapter
         if getattr(model, "_accel_fp8_recipe", None) is None:
             adapter.check_fp8_supported()
-            handler = ctx.handler(GaudiFP8RecipeKwargs) or GaudiFP8RecipeKwargs()
+            handler, eval_too = self.recipe(ctx)
             with torch.no_grad():
                 convert_linears(model, adapter.vendor)
             model._accel_fp8_recipe = handler.recipe(adapter.vendor)
+            model._accel_fp8_eval = True if eval_too is None else eval_too  # type: ignore[assignment]
         wrap_gradient_checkpointing(model, adapter.vendor, model._accel_fp8_recipe)
         return model

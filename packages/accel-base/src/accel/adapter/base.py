@@ -340,6 +340,13 @@ class Adapter(LegacyPrepareHooks):
         `accel launch`). Base: `precision in capabilities.precisions`."""
         return precision in self.capabilities.precisions
 
+    def precision_fallback(self, precision: str) -> tuple[str, str] | None:
+        """The mode to run instead of `precision`, and the warning that says why, when this device lacks what
+        the adapter needs for it (fp8 on a generation without fp8 units: Accelerate warns and trains in a
+        16-bit mode); None: run `precision`. Asked once, when the Accelerator's precision is resolved.
+        Base: None."""
+        return None
+
     def autocast(
         self, precision: str, *, enabled: bool = True, cache_enabled: bool | None = None
     ) -> contextlib.AbstractContextManager[Any]:

@@ -117,7 +117,21 @@ FSDP_HELP = {
 }
 
 _PODS = "Accelerate's pod launcher is not supported: run `accel launch --nnodes N` on each host"
-_FP8 = "choose the fp8 recipe in the script (accel's fp8 kwargs handlers) or with your adapter's flags"
+FP8_FLAGS = {
+    "fp8_backend": "the fp8 backend: te, ao or msamp (a recipe handler in the script wins)",
+    "fp8_use_autocast_during_eval": "TERecipeKwargs.use_autocast_during_eval",
+    "fp8_margin": "TERecipeKwargs.margin",
+    "fp8_interval": "TERecipeKwargs.interval",
+    "fp8_format": "TERecipeKwargs.fp8_format (HYBRID, E4M3, E5M2)",
+    "fp8_amax_history_len": "TERecipeKwargs.amax_history_len",
+    "fp8_amax_compute_algo": "TERecipeKwargs.amax_compute_algo (max, most_recent)",
+    "fp8_override_linear_precision": "TERecipeKwargs.override_linear_precision: three booleans, comma-separated",
+    "fp8_opt_level": "MS-AMP's opt_level (MS-AMP is refused by the adapters)",
+    "fp8_enable_fsdp_float8_all_gather": "AORecipeKwargs.enable_fsdp_float8_all_gather (true/false)",
+    "fp8_pad_inner_dim": "AORecipeKwargs.pad_inner_dim (true/false)",
+}
+"""`accelerate launch`'s fp8 flags: the workers get them as `ACCEL_FP8_*`, the defaults of the run's fp8 recipe
+(a field set in the script's recipe handler wins)."""
 _SP = "DeepSpeed Ulysses sequence parallelism is not supported; use --parallelism_config_cp_size (docs/parallelism.md)"
 # Accelerate flag -> (takes a value, what to use instead). Flags named after one vendor's
 # hardware are not listed: the core names no vendor, and the adapter for that hardware
@@ -139,23 +153,26 @@ REFUSED: dict[str, tuple[bool, str]] = {
         f"parallelism_config_{name}": (True, _SP)
         for name in ("sp_size", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
     },
-    **{
-        f"fp8_{name}": (name != "use_autocast_during_eval", _FP8)
-        for name in (
-            "backend",
-            "use_autocast_during_eval",
-            "margin",
-            "interval",
-            "format",
-            "amax_history_len",
-            "amax_compute_algo",
-            "override_linear_precision",
-            "opt_level",
-            "enable_fsdp_float8_all_gather",
-            "pad_inner_dim",
-        )
-    },
 }
+
+
+class _FP8ToEnv(argparse.Action):
+    """An `--fp8_*` flag: the workers get it as `ACCEL_FP8_*` (`launch.worker_env` adds `namespace.fp8_env`), as
+    `accelerate launch` exports `ACCELERATE_FP8_*`."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        name = self.dest.removeprefix("fp8_")
+        collected = dict(getattr(namespace, "fp8_env", None) or {})
+        if name == "override_linear_precision":
+            flags = str(values).split(",")
+            if len(flags) != 3:
+                parser.error(f"{option} takes three comma-separated booleans (fprop,dgrad,wgrad), got {values!r}")
+            for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), flags):
+                collected[f"ACCEL_FP8_OVERRIDE_{part}"] = flag.strip()
+        else:
+            collected["ACCEL_FP8_" + name.upper()] = "true" if values in (None, []) else str(values)
+        namespace.fp8_env = collected
+        setattr(namespace, self.dest, True if values in (None, []) else values)
 
 
 class _ParallelismToEnv(argparse.Action):
@@ -221,6 +238,18 @@ def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
             action=_ParallelismToEnv,
             metavar="VALUE",
             help=f"ParallelismConfig.{name}",
+        )
+    fp8 = parser.add_argument_group("fp8 (with --mixed_precision fp8; defaults of the script's fp8 recipe handler)")
+    for name, help_text in FP8_FLAGS.items():
+        switch = name == "fp8_use_autocast_during_eval"
+        add_flag(
+            fp8,
+            name,
+            action=_FP8ToEnv,
+            nargs=0 if switch else None,
+            default=None,
+            metavar=None if switch else "VALUE",
+            help=help_text,
         )
     refused = parser.add_argument_group("refused `accelerate launch` flags (each says what to use instead)")
     for name, (takes_value, instead) in REFUSED.items():

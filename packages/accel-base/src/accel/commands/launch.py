@@ -214,6 +214,8 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
         env["ACCEL_DEBUG_MODE"] = "1"
     # --parallelism_config_* flags (they win over a config file's parallelism_config mapping).
     env.update(getattr(args, "parallelism_env", None) or {})
+    # --fp8_* flags (they win over a config file's fp8_config mapping).
+    env.update(getattr(args, "fp8_env", None) or {})
     if getattr(args, "strategy_kwargs", None):
         env["ACCEL_STRATEGY_CONFIG"] = json.dumps(args.strategy_kwargs)
     for key, value in (getattr(args, "dynamo_kwargs", None) or {}).items():

@@ -21,6 +21,7 @@ from .handlers import AORecipeKwargs, FP8RecipeKwargs, ProfileKwargs, TERecipeKw
 
 if TYPE_CHECKING:
     from ..distributed.state import AcceleratorState
+    from ..precision.fp8_request import FP8Request
     from ..settings.kwargs import DataLoaderConfiguration
 
 
@@ -40,6 +41,7 @@ class AcceleratorCompatMixin:
     state: AcceleratorState
     dataloader_config: DataLoaderConfiguration
     kwargs_handlers: dict[type, Any]
+    _fp8_request: FP8Request
     strategy: Any
     _tracker_hub: Any
 
@@ -146,14 +148,10 @@ class AcceleratorCompatMixin:
 
     @property
     def fp8_backend(self) -> str:
-        """ "AO", "TE" or "NO": the fp8 recipe family asked for (the adapter in use implements it)."""
-        if self.ao_recipe_handler is not None:
-            return "AO"
-        if self.te_recipe_handler is not None:
-            return "TE"
-        if self.fp8_recipe_handler is not None:
-            return str(self.fp8_recipe_handler.backend or "TE")
-        return os.environ.get("ACCELERATE_FP8_BACKEND", "NO").upper()
+        """ "AO", "TE", "MSAMP" or "NO": the fp8 backend the recipe handler or the launcher (`ACCEL_FP8_BACKEND`)
+        named; "NO" when neither did (the adapter then picks)."""
+        backend = self._fp8_request.backend
+        return backend.upper() if backend else "NO"
 
     # ---- parallelism --------------------------------------------------------------------------
     @property

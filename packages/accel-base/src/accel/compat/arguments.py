@@ -34,6 +34,7 @@ from ..strategies.parallelism_config import (
     with_parallelism,
 )
 from .env import _warn, apply_accelerate_env, launch_defaults
+from .handlers import fp8_request
 from .objects import convert, convert_accelerator_arguments, user_stacklevel
 from .table import AccelerateFeatureError
 
@@ -176,6 +177,7 @@ def accelerator_settings(
         parallelism_config=parallelism_config,
         torch_tp_plugin=torch_tp_plugin,
         handlers=handlers,
+        fp8=fp8_request(handlers, env.fp8),
         project_config=project_config,
         dataloader_config=loader_config,
         dynamo_plugin=dynamo_plugin,

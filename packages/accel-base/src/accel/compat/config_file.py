@@ -236,6 +236,50 @@ def _strategy_section(dtype: str, translate: Callable[[dict[str, Any]], Any]) ->
     return handle
 
 
+# Accelerate's `fp8_config` keys (its `accelerate config` writes the two long spellings) -> ACCEL_FP8_<KEY>.
+_FP8_CONFIG_KEYS = {
+    "backend": "BACKEND",
+    "use_autocast_during_eval": "USE_AUTOCAST_DURING_EVAL",
+    "margin": "MARGIN",
+    "interval": "INTERVAL",
+    "fp8_format": "FORMAT",
+    "amax_history_len": "AMAX_HISTORY_LEN",
+    "amax_history_length": "AMAX_HISTORY_LEN",
+    "amax_compute_algo": "AMAX_COMPUTE_ALGO",
+    "amax_compute_algorithm": "AMAX_COMPUTE_ALGO",
+    "use_mxfp8_block_scaling": "USE_MXFP8_BLOCK_SCALING",
+    "opt_level": "OPT_LEVEL",
+    "pad_inner_dim": "PAD_INNER_DIM",
+    "enable_fsdp_float8_all_gather": "ENABLE_FSDP_FLOAT8_ALL_GATHER",
+}
+
+
+def _fp8_config(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
+    """Accelerate's `fp8_config:` mapping: the defaults of the run's fp8 recipe, as `ACCEL_FP8_*` for the workers
+    (they inherit the launcher's environment; a variable already set or an `--fp8_*` flag wins)."""
+    if not value:
+        return
+    if not isinstance(value, dict):
+        raise SettingError(key, "expected a mapping of fp8 recipe keys")
+    env: dict[str, str] = {}
+    for name, setting in value.items():
+        name = str(name).removeprefix("fp8_") if str(name) != "fp8_format" else "fp8_format"
+        if name == "override_linear_precision":
+            flags = setting if isinstance(setting, (list, tuple)) else [setting] * 3
+            if len(flags) != 3:
+                raise SettingError(key, f"{name}: expected three booleans (fprop, dgrad, wgrad), got {setting!r}")
+            for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), flags):
+                env[f"ACCEL_FP8_OVERRIDE_{part}"] = str(flag).lower()
+        elif name in _FP8_CONFIG_KEYS:
+            env["ACCEL_FP8_" + _FP8_CONFIG_KEYS[name]] = (
+                str(setting).lower() if isinstance(setting, bool) else str(setting)
+            )
+        else:
+            raise SettingError(key, f"{name!r} is not an fp8 recipe key; accel reads {', '.join(_FP8_CONFIG_KEYS)}")
+    for name, setting in env.items():
+        os.environ.setdefault(name, setting)
+
+
 def _refuse_when_set(instead: str) -> Handler:
     def handle(key: str, value: Any, data: dict[str, Any], out: dict[str, Any], notes: list[str]) -> None:
         if not _is_off(value):
@@ -263,7 +307,7 @@ _HANDLERS: dict[str, Handler] = {
     "megatron_lm_config": _strategy_section("MEGATRON_LM", megatron_kwargs),
     "gpu_ids": _refuse_when_set("make only those devices visible with your hardware's visible-devices variable"),
     "enable_cpu_affinity": _refuse_when_set("bind the processes with numactl or taskset around `accel launch`"),
-    "fp8_config": _refuse_when_set("choose the fp8 recipe in the script (accel's fp8 kwargs handlers)"),
+    "fp8_config": _fp8_config,
     "parallelism_config": _parallelism,
     "mpirun_config": _refuse_when_set("run `mpirun -np N python train.py` yourself (docs/launching.md)"),
     "downcast_bf16": _refuse_when_set(

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from ..settings.env import EnvSettings, read_env
+from ..settings.env import FP8_KEYS, EnvSettings, read_env
 from ..settings.strategy_config import strategy_config_class, strategy_config_from_json
 from .settings import (
     MEGATRON_RENAMES,
@@ -96,6 +96,9 @@ def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[st
         if name in _DIRECT:
             target, convert = _DIRECT[name]
             env.setdefault(target, convert(value))
+        elif name.startswith("ACCELERATE_FP8_") and name.removeprefix("ACCELERATE_FP8_").lower() in FP8_KEYS:
+            # The fp8 recipe's defaults (`--fp8_*`); the recipe is built from them in `accel.compat.handlers`.
+            env.setdefault("ACCEL" + name.removeprefix("ACCELERATE"), value)
         elif name in _FLAGS:
             if as_bool(name, value):
                 env.setdefault(_FLAGS[name], "1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,6 +113,8 @@ class Precision:
     @classmethod
     def resolve(cls, requested: str | None, adapter: Any) -> str:
         """The mode a run uses: `requested` (None: "no"), checked against `PRECISION_MODES` and the adapter.
+        When the device cannot run it (`Adapter.precision_fallback`: fp8 on hardware without fp8 units), the
+        adapter's fallback mode, with its warning logged, as Accelerate does.
 
         Raises:
             ValueError: an unknown mode, or one the adapter does not support (says which it does).
@@ -119,6 +122,10 @@ class Precision:
         mode = (requested or "no").lower()
         if mode not in PRECISION_MODES:
             raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', 'fp8', got {mode!r}.")
+        fallback = adapter.precision_fallback(mode) if hasattr(adapter, "precision_fallback") else None
+        if fallback is not None:
+            mode, message = fallback
+            logging.getLogger("accel").warning(message)
         if not adapter.supports_precision(mode):
             supported = sorted(adapter.capabilities.precisions)
             raise ValueError(
@@ -147,6 +154,12 @@ class Precision:
         """The adapter's precision class for `mode`, without a scaler (module conversion outside a run)."""
         kind = getattr(adapter, "precision_class", None) or cls
         return kind(mode, adapter, autocast_kwargs=autocast_kwargs)  # type: ignore[no-any-return]
+
+    @property
+    def fp8(self) -> bool:
+        """Whether prepared models get fp8 layers (base: under `mixed_precision="fp8"`; an adapter may convert
+        under other modes too, e.g. on its own fp8 option)."""
+        return self.mode == "fp8"
 
     def convert_module(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         """Make a model run in this precision (the walk's precision step, after placement): fp8 layers

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..precision.fp8_request import NO_FP8_REQUEST, FP8Request
+
 if TYPE_CHECKING:
     from ..adapter.base import Adapter
     from ..precision.base import Precision
@@ -58,6 +60,9 @@ class RunContext:
     """The run's torch.compile settings as the user gave them (the walk asks the adapter what applies)."""
     kwargs_handlers: dict[type, Any] = field(default_factory=dict)
     """The Accelerator's kwargs handlers by class, so an adapter or precision can read its own (an fp8 recipe)."""
+    fp8: FP8Request = NO_FP8_REQUEST
+    """The fp8 recipe asked for (Accelerate's recipe handlers, the launcher's fp8 settings), in backend-neutral
+    terms: an adapter's fp8 precision applies each setting or refuses it by name (`FP8Request.refuse`)."""
     adapter_defaults: dict[str, Any] = field(default_factory=dict)
     """The adapter's defaults for this strategy (`Adapter.strategy_defaults`), lowest precedence."""
     optimizer_on_host: bool = False

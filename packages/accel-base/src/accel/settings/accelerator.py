@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..precision.fp8_request import NO_FP8_REQUEST, FP8Request
 from .env import EnvSettings
 from .kwargs import (
     AutocastKwargs,
@@ -66,6 +67,8 @@ class AcceleratorSettings:
     """The deprecated `TorchTensorParallelPlugin` as given, for `AcceleratorState.torch_tp_plugin`."""
     handlers: Mapping[type, Any]
     """The kwargs handlers by class (at most one each)."""
+    fp8: FP8Request = NO_FP8_REQUEST
+    """The fp8 recipe asked for (recipe handlers, then the launcher's `ACCEL_FP8_*`), for the adapter's precision."""
     project_config: ProjectConfiguration
     """Where checkpoints and logs go."""
     dataloader_config: DataLoaderConfiguration

@@ -42,6 +42,24 @@ PARALLELISM_KEYS = (
     "sp_backend",
 )
 """The `ParallelismConfig` fields a launcher may default (`ACCEL_PARALLELISM_TP_SIZE`, ...)."""
+FP8_KEYS = (
+    "backend",
+    "format",
+    "margin",
+    "interval",
+    "amax_history_len",
+    "amax_compute_algo",
+    "override_fprop",
+    "override_dgrad",
+    "override_wgrad",
+    "use_mxfp8_block_scaling",
+    "use_autocast_during_eval",
+    "pad_inner_dim",
+    "enable_fsdp_float8_all_gather",
+    "opt_level",
+)
+"""The fp8 recipe defaults a launcher may pass as `ACCEL_FP8_<KEY>` (`accelerate launch --fp8_*` sets
+`ACCELERATE_FP8_<KEY>`, translated by `accel.compat.env`)."""
 BROKEN_ADAPTERS_VARIABLE = "ACCEL_BROKEN_ADAPTERS_REPORTED"
 """Set by a process that reported broken adapter plugins (`<pid>:<name>,<name>`) for the workers it starts."""
 LOG_LEVEL_VARIABLES = ("ACCEL_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
@@ -97,6 +115,9 @@ class EnvSettings:
     use_parallelism_config: bool = False
     """`ACCEL_USE_PARALLELISM_CONFIG`: the launcher asked for a `ParallelismConfig` (`--use_parallelism_config`)."""
     parallelism: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    fp8: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """The fp8 recipe defaults a launcher passed, by `FP8_KEYS` key (`backend` -> `ACCEL_FP8_BACKEND`'s value);
+    parsed where the recipe is built (`accel.compat.handlers`), so a handler given in code keeps a bad one harmless."""
     """`ParallelismConfig` defaults by field (`tp_size` -> `ACCEL_PARALLELISM_TP_SIZE`, else Accelerate's
     `PARALLELISM_CONFIG_TP_SIZE`)."""
     config_file: str | None = None
@@ -218,6 +239,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> EnvSettings:
         dynamo=MappingProxyType({key: env[var] for key in DYNAMO_KEYS if (var := "ACCEL_" + key.upper()) in env}),
         use_parallelism_config=parallelism_flag.strip().lower() in ("1", "true", "yes"),
         parallelism=MappingProxyType(parallelism),
+        fp8=MappingProxyType({key: env[var] for key in FP8_KEYS if (var := "ACCEL_FP8_" + key.upper()) in env}),
         config_file=_text(env, "ACCEL_CONFIG_FILE"),
         cache_home=_text(env, "XDG_CACHE_HOME"),
         log_level=next((env[v] for v in LOG_LEVEL_VARIABLES if env.get(v)), None),
