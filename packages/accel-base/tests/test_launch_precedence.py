@@ -334,3 +334,16 @@ def test_accel_launch_never_overrides_the_scripts_accumulation(tmp_path: Path) -
         proc.stderr.count("gradient_accumulation_steps=2 in the code wins over ACCEL_GRADIENT_ACCUMULATION_STEPS=3")
         == 1
     )
+
+
+def test_the_accumulation_default_reads_as_1_and_is_told_apart_from_a_1_in_code() -> None:
+    """The API reference and `help(Accelerator)` show `= 1`; leaving it out still gives the marker."""
+    import inspect
+
+    from accel.settings.accelerator import DEFAULT_GRADIENT_ACCUMULATION_STEPS
+
+    parameter = inspect.signature(Accelerator).parameters["gradient_accumulation_steps"]
+    assert str(parameter) == "gradient_accumulation_steps: 'int' = 1"
+    assert parameter.default is DEFAULT_GRADIENT_ACCUMULATION_STEPS
+    source = inspect.getsource(Accelerator.__init__)
+    assert "gradient_accumulation_steps: int = 1," in source

@@ -39,7 +39,7 @@ from .prepare.wrappers import (
     strip_compile,
     unwrap_through,
 )
-from .settings.accelerator import DEFAULT_GRADIENT_ACCUMULATION_STEPS
+from .settings.accelerator import DEFAULT_GRADIENT_ACCUMULATION_STEPS, install_marker_default
 from .settings.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -104,7 +104,7 @@ class Accelerator(AcceleratorCompatMixin):
         device_placement: bool = True,
         split_batches: bool | None = None,
         mixed_precision: str | None = None,
-        gradient_accumulation_steps: int = DEFAULT_GRADIENT_ACCUMULATION_STEPS,
+        gradient_accumulation_steps: int = 1,  # the marker default, installed below the class
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
         deepspeed_plugin: Any = None,
@@ -897,6 +897,11 @@ class Accelerator(AcceleratorCompatMixin):
 
     def __repr__(self) -> str:
         return f"Accelerator(adapter={self.adapter.describe()!r}, num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r})"
+
+
+# `gradient_accumulation_steps` left out is a marker equal to 1, so that only a value passed in code wins over
+# the launcher's (docs/launching.md, "Which value wins"); the signature shows the plain 1.
+install_marker_default(Accelerator.__init__, "gradient_accumulation_steps", DEFAULT_GRADIENT_ACCUMULATION_STEPS)
 
 
 class _HookHandle:

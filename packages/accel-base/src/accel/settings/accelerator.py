@@ -8,7 +8,7 @@ trackers from it alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,22 @@ class _Default(int):
 
 DEFAULT_GRADIENT_ACCUMULATION_STEPS: int = _Default(1)
 """`Accelerator(gradient_accumulation_steps=)`'s default, 1: only a value passed in code wins over the launcher's."""
+
+
+def install_marker_default(function: Callable[..., Any], name: str, marker: _Default) -> None:
+    """Make `marker` the default of `function`'s parameter `name`, whose source default is the same number.
+
+    The source keeps the plain number (what the API reference and `help` show); calls that leave the
+    argument out get this very object, which `is` tells apart from the number passed in code.
+    """
+    code = function.__code__
+    names = code.co_varnames[: code.co_argcount]
+    defaults = list(function.__defaults__ or ())
+    index = names.index(name) - (len(names) - len(defaults))
+    if index < 0 or defaults[index] != marker:
+        raise TypeError(f"{function.__qualname__}'s parameter {name} has no default equal to {marker!r}")
+    defaults[index] = marker
+    function.__defaults__ = tuple(defaults)
 
 
 @dataclass(kw_only=True, frozen=True)
