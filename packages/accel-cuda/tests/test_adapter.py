@@ -119,6 +119,22 @@ def test_tf32_is_left_at_pytorch_defaults_unless_asked() -> None:
     assert cuda_emulated.tf32_state() == (True, False)
 
 
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"dynamo_backend": "inductor"}, (True, True)),  # compiled fp32: TF32 matmuls, cuDNN untouched
+        ({"dynamo_backend": "inductor", "mixed_precision": "bf16"}, (False, True)),  # Accelerate leaves it
+        ({"dynamo_backend": "no"}, (False, True)),  # not compiled: PyTorch's defaults
+        ({"dynamo_backend": "inductor", "kwargs_handlers": [TF32Kwargs(matmul=False, cudnn=False)]}, (False, False)),
+    ],
+    ids=["compiled-fp32", "compiled-bf16", "eager-fp32", "handler-wins"],
+)
+def test_compiled_fp32_runs_turn_tf32_matmuls_on_as_accelerate_does(settings: dict, expected: tuple) -> None:
+    acc = Accelerator(adapter="cuda", emulate=True, **settings)
+    acc.prepare(build_model())  # torch.compile wraps lazily: nothing compiles here
+    assert cuda_emulated.tf32_state() == expected
+
+
 @requires_gpu
 def test_tf32_handler_switches_the_real_backends() -> None:
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

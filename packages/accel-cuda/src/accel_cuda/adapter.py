@@ -118,6 +118,14 @@ class CUDAAdapter(Adapter):
         tf32 = ctx.handler(TF32Kwargs)
         if tf32 is not None:
             self.vendor.set_tf32(tf32.matmul, tf32.cudnn)
+        elif ctx.mixed_precision == "no" and self._compiles(ctx):
+            # Accelerate turns TF32 matmuls on for every compiled fp32 run on a GPU (its state.py): the
+            # same script gets the same kernels here. A `TF32Kwargs` handler is the user's choice and wins.
+            self.vendor.set_tf32(True, None)
+
+    def _compiles(self, ctx: RunContext) -> bool:
+        settings = self.dynamo_settings(ctx.dynamo_plugin)
+        return settings is not None and settings.backend not in (None, "no")
 
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
