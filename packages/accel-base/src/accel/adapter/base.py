@@ -487,6 +487,11 @@ class Adapter(LegacyPrepareHooks):
         return {}
 
     # ---- launch -------------------------------------------------------------------------
+    visible_devices_env: ClassVar[str | None] = None
+    """The variable that limits which devices this hardware's processes see (its runtime renumbers them from
+    0). `accel launch --gpu_ids 0,2` (or a config file's `gpu_ids`) sets it for the workers, as `accelerate
+    launch` does; "all" sets nothing. None: `--gpu_ids` is refused naming the adapter."""
+
     @classmethod
     def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
         """Add this adapter's own `accel launch` flags to its argument group (default: `options_class`'s)."""
