@@ -7,9 +7,11 @@ reason when none is present).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-from accel import Accelerator, GradScalerKwargs, set_seed
+from accel import Accelerator, GradScalerKwargs, ProfileKwargs, set_seed
 from accel.adapter.base import Adapter
 from accel.adapter.registry import select_adapter
 from accel.commands.launch import launch_parser, worker_env
@@ -133,6 +135,20 @@ def test_rtx_4000_gpus_need_p2p_and_ib_off_and_accel_launch_turns_them_off(
     monkeypatch.setenv("NCCL_IB_DISABLE", "0")  # set, whatever its value, as Accelerate checks
     adapter.before_process_group(torch.device("cpu"))
     assert _worker_env(tmp_path).get("NCCL_IB_DISABLE") is None  # the user's own setting is kept
+
+
+def test_profile_records_the_gpu_next_to_the_cpu_unless_told_otherwise(tmp_path) -> None:
+    cpu, gpu = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+    acc = Accelerator(adapter="cuda", emulate=True)
+    with warnings.catch_warnings():  # without a GPU torch says it cannot profile CUDA: not this test's concern
+        warnings.simplefilter("ignore")
+        with acc.profile() as prof:
+            torch.ones(2).add(1)
+    assert prof.activities == {cpu, gpu}
+    handler = ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path))
+    with acc.profile(handler) as prof:
+        torch.ones(2).add(1)
+    assert prof.activities == {cpu} and (tmp_path / "profile_0.json").is_file()
 
 
 # ---- random state, memory, TF32 ------------------------------------------------------------
