@@ -2,7 +2,7 @@
 4090s on an old driver: MULTI_GPU, the launcher's CUDA_VISIBLE_DEVICES and NCCL variables, set_device per local rank, DDP
 against a one-process reference, the fp16/bf16/PowerSGD comm hooks, FSDP2 with CPU offload
 (pinning off), compile after DDP, an fp16 overflow on one rank, and the distributed-only
-device-map errors, fp8 (torchao) and fp16 under FSDP2, FSDP2's ignored_modules. One launch runs every scenario (a launch costs ~10 s here); each test
+device-map errors, fp8 (torchao), fp16 and regional compilation under FSDP2, FSDP2's ignored_modules. One launch runs every scenario (a launch costs ~10 s here); each test
 checks one of them."""
 
 from __future__ import annotations
@@ -118,6 +118,18 @@ model, _ = train(acc)
 out["fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
 out["fsdp_param_device"] = model.embed.weight.device.type
 out["fsdp"] = weights(acc, model)
+
+# Regional compilation under FSDP2, Accelerate's way: each block compiled in place (the module objects and the
+# hooks fully_shard put on them stay), dynamo capturing scalar outputs.
+acc = fresh(fsdp_plugin=FSDPConfig(), dynamo_plugin=TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=True))
+model, _ = train(acc)
+out["fsdp_regional"] = {
+    "same_object": type(model).__name__,
+    "compiled": [m._compiled_call_impl is not None for m in (model.embed, *model.blocks, model.head)],
+    "block_sharded": type(model.blocks[0][0].weight).__name__,
+    "capture_scalar_outputs": torch._dynamo.config.capture_scalar_outputs,
+}
+out["fsdp_regional_weights"] = weights(acc, model)
 
 # fp8 (torchao) under FSDP2: every Linear converted before sharding, the weights' fp8 scales precomputed
 # after each optimizer step (enable_fsdp_float8_all_gather, on by default as in Accelerate).
@@ -282,6 +294,17 @@ def test_fsdp2_with_cpu_offload_runs_unpinned_and_matches_ddp(results):
     assert r0["fsdp_param_device"] == "cpu"
     assert max_diff(weights(r0, "fsdp"), weights(r0, "ddp")) < 1e-5
     assert r1["fsdp"] == {}  # the full state dict is gathered on the main process
+
+
+def test_regional_compilation_under_fsdp2_compiles_blocks_in_place_and_trains_as_eager(results):
+    r0 = results[0]
+    assert r0["fsdp_regional"] == {
+        "same_object": "FSDPNet",  # fully_shard's class: the model object itself, not a copy or a wrapper
+        "compiled": [True] * 4,  # embed, both blocks, head: each its own region
+        "block_sharded": "DTensor",
+        "capture_scalar_outputs": True,
+    }
+    assert max_diff(weights(r0, "fsdp_regional_weights"), weights(r0, "fsdp")) < 1e-6
 
 
 def test_fp8_under_fsdp2_shards_converted_layers_and_precomputes_scales_each_step(results):

@@ -419,6 +419,15 @@ class Adapter(LegacyPrepareHooks):
         adapter whose option implies compilation (e.g. regional compilation) returns adjusted settings."""
         return plugin
 
+    def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """Regional compilation (`TorchDynamoPlugin.use_regional_compilation`) of a prepared model, with
+        `torch.compile`'s `kwargs`, where the strategy does not compile in place. Base: Accelerate's
+        (`accel.utils.compile_regions`: a copy in which each repeated block and every other subtree is
+        compiled); an adapter whose users expect another rule replaces it."""
+        from ..prepare.wrappers import compile_regions
+
+        return compile_regions(model, **kwargs)
+
     def compiled_autograd(self) -> bool:
         """Whether a strategy that compiles its own engine (DeepSpeed's `engine.compile`) also compiles the
         backward with compiled autograd. Base: False."""
