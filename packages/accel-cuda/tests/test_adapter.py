@@ -151,6 +151,18 @@ def test_profile_records_the_gpu_next_to_the_cpu_unless_told_otherwise(tmp_path)
     assert prof.activities == {cpu} and (tmp_path / "profile_0.json").is_file()
 
 
+def test_the_machines_gpus_and_driver_come_from_nvidia_smi(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_cuda import cuda
+
+    smi = tmp_path / "nvidia-smi"  # what nvidia-smi prints for --query-gpu=name,driver_version --format=csv,noheader
+    smi.write_text(f"#!/bin/sh\necho '{RTX_4090}, 535.104.05'\necho '{RTX_4090}, 535.104.05'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cuda.machine_gpus() == ([RTX_4090, RTX_4090], "535.104.05")
+    smi.unlink()  # no nvidia-smi: nothing known, nothing checked (as Accelerate)
+    assert cuda.machine_gpus() == ([], "")
+
+
 # ---- random state, memory, TF32 ------------------------------------------------------------
 def _gpu_draw(acc: Accelerator) -> torch.Tensor:
     if acc.device.type == "cuda":
