@@ -57,7 +57,7 @@ def test_every_accelerate_flag_is_accepted_or_refused_with_a_reason(capsys: pyte
     for must in ("multi_gpu", "config_file", "num_machines", "machine_rank", "gradient_accumulation_steps",
                  "dynamo_backend", "use_deepspeed", "num_cpu_threads_per_process", "same_network"):  # fmt: skip
         assert must in seen["accepted"], must
-    assert "gpu_ids" in seen["refused"]
+    assert "gpu_ids" in seen["accepted"]  # the selected adapter's visible-devices variable
 
 
 @pytest.mark.parametrize("spelling", ["snake", "kebab"])
@@ -89,6 +89,16 @@ def _env_for(tmp_path: Path, *flags: str) -> dict[str, str]:
     argv = ["--cpu", *flags, str(script)]
     parser = _launch_parser(argv)
     return worker_env(resolve(parser.parse_args(argv), parser))
+
+
+def test_gpu_ids_need_an_adapter_with_a_visible_devices_variable(tmp_path: Path) -> None:
+    """`--gpu_ids all` asks for nothing (Accelerate's default); ids on an adapter without such a variable
+    (the built-in cpu one) are refused naming it, not dropped."""
+    assert not any(k.endswith("VISIBLE_DEVICES") for k in _env_for(tmp_path, "--gpu_ids", "all"))
+    with pytest.raises(UsageError, match=r"--gpu_ids 0,2: the 'cpu' adapter has no visible-devices variable"):
+        _env_for(tmp_path, "--gpu_ids", "0, 2")
+    with pytest.raises(UsageError, match=r"--gpu_ids takes comma-separated device ids \(or all\), got '0,,1'"):
+        _env_for(tmp_path, "--gpu_ids", "0,,1")
 
 
 def test_fsdp_flags_become_the_fsdp2_config(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ def _reset_emulation() -> None:
     cuda_emulated.installed_fp8_backends.update({"te", "ao"})
     cuda_emulated.mxfp8["supported"] = True
     cuda_emulated.fsdp_scale_precomputes.clear()
+    cuda_emulated.machine.update(gpus=[], driver="550.54.14")
     fp8_emulation._active.clear()
 
 

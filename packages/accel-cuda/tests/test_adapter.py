@@ -7,12 +7,17 @@ reason when none is present).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-from accel import Accelerator, GradScalerKwargs, set_seed
+from accel import Accelerator, GradScalerKwargs, ProfileKwargs, set_seed
 from accel.adapter.base import Adapter
 from accel.adapter.registry import select_adapter
+from accel.commands.launch import launch_parser, worker_env
+from accel.commands.launch_resolve import resolve
 from accel_cuda import CUDAAdapter, TF32Kwargs, cuda_emulated
+from accel_cuda.adapter import P2P_IB_VARIABLES
 from conftest import requires_gpu
 from torch.testing import assert_close
 from torch.utils.data import DataLoader, TensorDataset
@@ -80,6 +85,84 @@ def test_visible_devices_bound_the_local_rank(monkeypatch: pytest.MonkeyPatch) -
         adapter.device_for(2)
 
 
+def _worker_env(tmp_path, *flags: str) -> dict[str, str]:
+    """What `accel launch --adapter cuda --emulate FLAGS` gives its workers (resolved here, nothing started)."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = ["--adapter", "cuda", "--emulate", *flags, str(script)]
+    parser = launch_parser(argv)
+    args = resolve(parser.parse_args(argv), parser)
+    return {**worker_env(args), "processes": str(args.num_processes)}
+
+
+def test_gpu_ids_become_cuda_visible_devices_and_count_the_processes(tmp_path) -> None:
+    env = _worker_env(tmp_path, "--gpu_ids", "3, 5")
+    assert (env["CUDA_VISIBLE_DEVICES"], env["processes"]) == ("3,5", "2")
+    env = _worker_env(tmp_path, "--gpu_ids", "all")  # Accelerate's "all": no restriction
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["processes"] == "1"
+
+
+RTX_4090 = "NVIDIA GeForce RTX 4090"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "driver", "checked"),
+    [
+        ([RTX_4090] * 2, "535.104.05", True),
+        ([RTX_4090] * 2, "550.40.07", False),  # the driver that fixed P2P/IB on them
+        ([RTX_4090], "535.104.05", False),  # one GPU: nothing goes over P2P
+        (["NVIDIA H100 80GB HBM3"] * 2, "535.104.05", False),
+    ],
+)
+def test_rtx_4000_gpus_need_p2p_and_ib_off_and_accel_launch_turns_them_off(
+    gpus: list[str], driver: str, checked: bool, monkeypatch: pytest.MonkeyPatch, tmp_path, capsys
+) -> None:
+    for var in P2P_IB_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    cuda_emulated.machine.update(gpus=gpus, driver=driver)
+    env = _worker_env(tmp_path)
+    assert [env.get(var) for var in P2P_IB_VARIABLES] == (["1", "1"] if checked else [None, None])
+    assert ("Ensuring P2P and IB communications are disabled" in capsys.readouterr().err) is checked
+    adapter = CUDAAdapter(emulate=True)
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")  # one of the two is not enough
+    if checked:
+        with pytest.raises(
+            NotImplementedError, match=r'^Using RTX 4000 series .* `NCCL_IB_DISABLE="1"` or use `accel launch`'
+        ):
+            adapter.before_process_group(torch.device("cpu"))
+    else:
+        adapter.before_process_group(torch.device("cpu"))
+    monkeypatch.setenv("NCCL_IB_DISABLE", "0")  # set, whatever its value, as Accelerate checks
+    adapter.before_process_group(torch.device("cpu"))
+    assert _worker_env(tmp_path).get("NCCL_IB_DISABLE") is None  # the user's own setting is kept
+
+
+def test_profile_records_the_gpu_next_to_the_cpu_unless_told_otherwise(tmp_path) -> None:
+    cpu, gpu = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+    acc = Accelerator(adapter="cuda", emulate=True)
+    with warnings.catch_warnings():  # without a GPU torch says it cannot profile CUDA: not this test's concern
+        warnings.simplefilter("ignore")
+        with acc.profile() as prof:
+            torch.ones(2).add(1)
+    assert prof.activities == {cpu, gpu}
+    handler = ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path))
+    with acc.profile(handler) as prof:
+        torch.ones(2).add(1)
+    assert prof.activities == {cpu} and (tmp_path / "profile_0.json").is_file()
+
+
+def test_the_machines_gpus_and_driver_come_from_nvidia_smi(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_cuda import cuda
+
+    smi = tmp_path / "nvidia-smi"  # what nvidia-smi prints for --query-gpu=name,driver_version --format=csv,noheader
+    smi.write_text(f"#!/bin/sh\necho '{RTX_4090}, 535.104.05'\necho '{RTX_4090}, 535.104.05'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cuda.machine_gpus() == ([RTX_4090, RTX_4090], "535.104.05")
+    smi.unlink()  # no nvidia-smi: nothing known, nothing checked (as Accelerate)
+    assert cuda.machine_gpus() == ([], "")
+
+
 # ---- random state, memory, TF32 ------------------------------------------------------------
 def _gpu_draw(acc: Accelerator) -> torch.Tensor:
     if acc.device.type == "cuda":
@@ -117,6 +200,22 @@ def test_tf32_is_left_at_pytorch_defaults_unless_asked() -> None:
     acc = Accelerator(adapter="cuda", emulate=True, kwargs_handlers=[TF32Kwargs(matmul=True, cudnn=False)])
     acc.prepare(build_model())
     assert cuda_emulated.tf32_state() == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"dynamo_backend": "inductor"}, (True, True)),  # compiled fp32: TF32 matmuls, cuDNN untouched
+        ({"dynamo_backend": "inductor", "mixed_precision": "bf16"}, (False, True)),  # Accelerate leaves it
+        ({"dynamo_backend": "no"}, (False, True)),  # not compiled: PyTorch's defaults
+        ({"dynamo_backend": "inductor", "kwargs_handlers": [TF32Kwargs(matmul=False, cudnn=False)]}, (False, False)),
+    ],
+    ids=["compiled-fp32", "compiled-bf16", "eager-fp32", "handler-wins"],
+)
+def test_compiled_fp32_runs_turn_tf32_matmuls_on_as_accelerate_does(settings: dict, expected: tuple) -> None:
+    acc = Accelerator(adapter="cuda", emulate=True, **settings)
+    acc.prepare(build_model())  # torch.compile wraps lazily: nothing compiles here
+    assert cuda_emulated.tf32_state() == expected
 
 
 @requires_gpu

@@ -1,7 +1,8 @@
-"""Two gloo ranks through `accel launch --adapter cuda --emulate`: set_device per local rank, DDP
+"""Two gloo ranks through `accel launch --adapter cuda --emulate --gpu_ids 3,5` on an emulated machine of two RTX
+4090s on an old driver: MULTI_GPU, the launcher's CUDA_VISIBLE_DEVICES and NCCL variables, set_device per local rank, DDP
 against a one-process reference, the fp16/bf16/PowerSGD comm hooks, FSDP2 with CPU offload
 (pinning off), compile after DDP, an fp16 overflow on one rank, and the distributed-only
-device-map errors, fp8 (torchao) under FSDP2. One launch runs every scenario (a launch costs ~10 s here); each test
+device-map errors, fp8 (torchao), fp16 and regional compilation under FSDP2, FSDP2's ignored_modules. One launch runs every scenario (a launch costs ~10 s here); each test
 checks one of them."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 
 import pytest
 import torch
+from conftest import EMULATED
 
 WORKER = r"""
 import copy, json, os, sys
@@ -78,6 +80,8 @@ out["reference"] = {k: v.tolist() for k, v in ref.state_dict().items()}
 
 acc = fresh()
 rank = acc.process_index
+out["distributed_type"] = str(acc.distributed_type)
+out["launch_env"] = {v: os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")}
 out["set_device"] = list(cuda_emulated.current_device)
 out["group_started_at_set_device"] = list(cuda_emulated.group_started_at_set_device)
 model, _ = train(acc)
@@ -115,6 +119,18 @@ out["fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
 out["fsdp_param_device"] = model.embed.weight.device.type
 out["fsdp"] = weights(acc, model)
 
+# Regional compilation under FSDP2, Accelerate's way: each block compiled in place (the module objects and the
+# hooks fully_shard put on them stay), dynamo capturing scalar outputs.
+acc = fresh(fsdp_plugin=FSDPConfig(), dynamo_plugin=TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=True))
+model, _ = train(acc)
+out["fsdp_regional"] = {
+    "same_object": type(model).__name__,
+    "compiled": [m._compiled_call_impl is not None for m in (model.embed, *model.blocks, model.head)],
+    "block_sharded": type(model.blocks[0][0].weight).__name__,
+    "capture_scalar_outputs": torch._dynamo.config.capture_scalar_outputs,
+}
+out["fsdp_regional_weights"] = weights(acc, model)
+
 # fp8 (torchao) under FSDP2: every Linear converted before sharding, the weights' fp8 scales precomputed
 # after each optimizer step (enable_fsdp_float8_all_gather, on by default as in Accelerate).
 from accel.utils import AORecipeKwargs
@@ -125,6 +141,37 @@ out["fp8_fsdp_layers"] = sum(cuda_emulated.is_ao_linear(m) for m in model.module
 out["fp8_fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
 out["fp8_fsdp_precomputes"] = sum(cuda_emulated.fsdp_scale_precomputes.values())
 out["fp8_fsdp"] = weights(acc, model)
+
+# fp16 under FSDP2, as Accelerate runs it (a GradScaler on the device type over DTensor gradients)...
+acc = fresh(mixed_precision="fp16", fsdp_plugin=FSDPConfig(), kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+model, _ = train(acc)
+out["fp16_fsdp_scaler"] = type(acc.scaler).__name__
+out["fp16_fsdp"] = weights(acc, model)
+# ...whose inf check spans the shards: an inf in rank 1's shard alone skips the step on both ranks.
+opt = acc._optimizers[0]
+x, y = batch(0)
+acc.backward(nn.functional.mse_loss(model(x[4 * rank: 4 * rank + 4]), y[4 * rank: 4 * rank + 4]))
+if rank == 1:
+    model.embed.weight.grad.to_local()[0, 0] = float("inf")
+opt.step(); opt.zero_grad()
+out["fp16_fsdp_skipped"] = [acc.optimizer_step_was_skipped, acc.scaler.get_scale()]
+out["fp16_fsdp_after_skip"] = weights(acc, model)
+# The same fp16 training in one process on the full batch: autocast to fp16, fp32 master weights.
+ref16 = Net()
+ref16_opt = torch.optim.SGD(ref16.parameters(), lr=0.1)
+for step in range(STEPS):
+    x, y = batch(step)
+    with torch.autocast("cpu", dtype=torch.float16):
+        pred = ref16(x)
+    nn.functional.mse_loss(pred.float(), y).backward()
+    ref16_opt.step()
+    ref16_opt.zero_grad()
+out["fp16_reference"] = {k: v.tolist() for k, v in ref16.state_dict().items()}
+
+# FSDP2 ignored_modules (a regex of module names, as in Accelerate): those parameters stay whole tensors.
+acc = fresh(fsdp_plugin=FSDPConfig(ignored_modules="head"))
+model, _ = train(acc)
+out["ignored_types"] = {n: type(p).__name__ for n, p in model.named_parameters() if n.split(".")[0] in ("embed", "head")}
 
 acc = fresh(dynamo_plugin=TorchDynamoPlugin(backend="aot_eager"))
 model, _ = train(acc)
@@ -175,7 +222,10 @@ def results(launch, tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("cuda_dist")
     script = tmp / "worker.py"
     script.write_text(WORKER)
-    launch(script, str(tmp))
+    # As `accelerate launch --gpu_ids 3,5` on a machine of two RTX 4090s on an old driver (emulated).
+    machine = {"ACCEL_CUDA_EMULATED_GPUS": "NVIDIA GeForce RTX 4090,NVIDIA GeForce RTX 4090"}
+    machine["ACCEL_CUDA_EMULATED_DRIVER"] = "535.104.05"
+    launch(script, str(tmp), launch_args=(*EMULATED, "--gpu_ids", "3,5"), env=machine)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -186,6 +236,16 @@ def weights(result: dict, key: str) -> dict[str, torch.Tensor]:
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_a_multi_process_cuda_run_is_multi_gpu(results):
+    assert [r["distributed_type"] for r in results] == ["DistributedType.MULTI_GPU"] * 2
+
+
+def test_the_launcher_makes_gpu_ids_visible_and_turns_p2p_ib_off_on_rtx_4000_gpus(results):
+    # The workers started (the P2P/IB check passed on the variables the launcher set) on GPUs 3 and 5 only.
+    expected = {"CUDA_VISIBLE_DEVICES": "3,5", "NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
+    assert [r["launch_env"] for r in results] == [expected] * 2
 
 
 def test_each_rank_makes_its_own_gpu_current_before_the_group(results):
@@ -236,6 +296,17 @@ def test_fsdp2_with_cpu_offload_runs_unpinned_and_matches_ddp(results):
     assert r1["fsdp"] == {}  # the full state dict is gathered on the main process
 
 
+def test_regional_compilation_under_fsdp2_compiles_blocks_in_place_and_trains_as_eager(results):
+    r0 = results[0]
+    assert r0["fsdp_regional"] == {
+        "same_object": "FSDPNet",  # fully_shard's class: the model object itself, not a copy or a wrapper
+        "compiled": [True] * 4,  # embed, both blocks, head: each its own region
+        "block_sharded": "DTensor",
+        "capture_scalar_outputs": True,
+    }
+    assert max_diff(weights(r0, "fsdp_regional_weights"), weights(r0, "fsdp")) < 1e-6
+
+
 def test_fp8_under_fsdp2_shards_converted_layers_and_precomputes_scales_each_step(results):
     for r in results:
         assert r["fp8_fsdp_layers"] == 4
@@ -243,6 +314,28 @@ def test_fp8_under_fsdp2_shards_converted_layers_and_precomputes_scales_each_ste
         assert r["fp8_fsdp_precomputes"] == 4  # one per optimizer step
     diff = max_diff(weights(results[0], "fp8_fsdp"), weights(results[0], "reference"))
     assert 0 < diff < 0.05, diff  # fp8-rounded, close to the one-process fp32 run
+
+
+def test_fp16_under_fsdp2_matches_one_process_fp16_and_an_inf_in_one_shard_skips_everywhere(results):
+    r0 = results[0]
+    assert r0["fp16_fsdp_scaler"] == "GradScaler"  # Accelerate's get_fsdp2_grad_scaler: torch.amp.GradScaler
+    fp16, reference = weights(r0, "fp16_fsdp"), weights(r0, "fp16_reference")
+    # Measured: 2.0e-5 from the one-process fp16 run, 5.8e-5 from FSDP2's fp32 weights (it did run in fp16).
+    to_fp16, to_fp32 = max_diff(fp16, reference), max_diff(fp16, weights(r0, "fsdp"))
+    assert to_fp16 < 4e-5 and to_fp16 < 0.5 * to_fp32, (to_fp16, to_fp32)
+    for r in results:
+        assert r["fp16_fsdp_skipped"] == [True, 512.0]  # init_scale 1024, backed off once
+    assert max_diff(weights(r0, "fp16_fsdp_after_skip"), fp16) == 0.0
+
+
+def test_fsdp2_ignored_modules_stay_unsharded(results):
+    expected = {
+        "embed.weight": "DTensor",
+        "embed.bias": "DTensor",
+        "head.weight": "Parameter",
+        "head.bias": "Parameter",
+    }
+    assert [r["ignored_types"] for r in results] == [expected] * 2
 
 
 def test_compile_comes_last_around_ddp_and_trains_identically(results):

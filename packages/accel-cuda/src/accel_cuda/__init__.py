@@ -5,7 +5,7 @@ chosen first whenever PyTorch sees a CUDA device. Without one it runs emulated o
 (`ACCEL_EMULATE=1`).
 """
 
-from .adapter import CUDAAdapter
+from .adapter import CUDAAdapter, P2PUnsupportedError
 from .fp8 import AORecipeKwargs, FP8BackendError, TERecipeKwargs
 from .options import CUDAOptions, TF32Kwargs
 
@@ -16,6 +16,7 @@ __all__ = [
     "CUDAAdapter",
     "CUDAOptions",
     "FP8BackendError",
+    "P2PUnsupportedError",
     "TERecipeKwargs",
     "TF32Kwargs",
     "__version__",

@@ -6,19 +6,50 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
+import re
+import sys
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
 from accel.data.loader import DataLoaderShard
+from accel.errors import DistributedSetupError
 
 from .options import CUDAOptions, TF32Kwargs
 from .precision import CUDAPrecision
 
 if TYPE_CHECKING:
     from accel.prepare.context import RunContext
+
+
+P2P_IB_MESSAGE = (
+    "Using RTX 4000 series doesn't support faster communication broadband via P2P or IB. "
+    'Please set `NCCL_P2P_DISABLE="1"` and `NCCL_IB_DISABLE="1"` or use `accel launch` which will do this '
+    "automatically."
+)
+"""Accelerate's message (its state.py) for a multi-GPU run on RTX 4000-series cards without the two variables."""
+P2P_IB_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")
+
+
+class P2PUnsupportedError(DistributedSetupError, NotImplementedError):
+    """Several RTX 4000-series GPUs on a driver older than 550.40.07, without `NCCL_P2P_DISABLE` and
+    `NCCL_IB_DISABLE` set: NCCL would hang or corrupt data over P2P/IB. A `NotImplementedError`, as in
+    Accelerate."""
+
+
+def lacks_p2p_ib(vendor: ModuleType) -> bool:
+    """Accelerate's test (`check_cuda_p2p_ib_support`, inverted): the machine has several GPUs, RTX 4000-series
+    among them, on a driver before 550.40.07 (from which NCCL's P2P/IB work on them). False when unknown."""
+    names, driver = vendor.machine_gpus()
+    parts = re.findall(r"\d+", driver)
+    if len(names) < 2 or not parts or not any("RTX 40" in name for name in names):
+        return False
+    return tuple(int(p) for p in parts) < (550, 40, 7)
 
 
 class CUDAAdapter(Adapter):
@@ -31,6 +62,7 @@ class CUDAAdapter(Adapter):
     hardware_device_type: ClassVar[str] = "cuda"
     hardware_backend: ClassVar[str] = "nccl"
     data_parallel_name: ClassVar[str] = "MULTI_GPU"
+    visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
     precision_class = CUDAPrecision
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "bf16", "fp16", "fp8"}),
@@ -93,6 +125,29 @@ class CUDAAdapter(Adapter):
         if self.local_index is not None:
             self.vendor.set_device(self.local_index)
 
+    def before_process_group(self, device: torch.device) -> None:
+        # Before NCCL starts, where Accelerate checks after: a hang over P2P/IB is worse than an error.
+        if lacks_p2p_ib(self.vendor) and any(var not in os.environ for var in P2P_IB_VARIABLES):
+            raise P2PUnsupportedError(P2P_IB_MESSAGE)
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        """The data-loader flags' variables, and `NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1` on a machine whose
+        RTX 4000-series GPUs cannot use P2P/IB (each unless already set), with Accelerate's warning."""
+        env = super().launch_env(args)
+        vendor = importlib.import_module(
+            cls.emulated_vendor_module if getattr(args, "emulate", False) else cls.vendor_module
+        )
+        missing = [var for var in P2P_IB_VARIABLES if var not in os.environ]
+        if missing and lacks_p2p_ib(vendor):
+            env.update(dict.fromkeys(missing, "1"))
+            print(
+                "accel launch: Using RTX 4000 series which doesn't support faster communication speedups. "
+                "Ensuring P2P and IB communications are disabled.",
+                file=sys.stderr,
+            )
+        return env
+
     # ---- precision ----------------------------------------------------------------------
     def supports_precision(self, precision: str) -> bool:
         if precision == "bf16" and not self.vendor.is_bf16_supported():
@@ -118,6 +173,14 @@ class CUDAAdapter(Adapter):
         tf32 = ctx.handler(TF32Kwargs)
         if tf32 is not None:
             self.vendor.set_tf32(tf32.matmul, tf32.cudnn)
+        elif ctx.mixed_precision == "no" and self._compiles(ctx):
+            # Accelerate turns TF32 matmuls on for every compiled fp32 run on a GPU (its state.py): the
+            # same script gets the same kernels here. A `TF32Kwargs` handler is the user's choice and wins.
+            self.vendor.set_tf32(True, None)
+
+    def _compiles(self, ctx: RunContext) -> bool:
+        settings = self.dynamo_settings(ctx.dynamo_plugin)
+        return settings is not None and settings.backend not in (None, "no")
 
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]

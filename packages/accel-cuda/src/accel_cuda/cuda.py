@@ -8,6 +8,7 @@ TransformerEngine and torchao are imported lazily, only when fp8 asks for them.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,24 @@ def device_count() -> int:
 
 def device_name(index: int) -> str:
     return str(torch.cuda.get_device_name(index))
+
+
+def machine_gpus() -> tuple[list[str], str]:
+    """Every GPU of this machine by name, and the driver version, from nvidia-smi: unlike torch it does not
+    initialise CUDA (the launcher asks too) and ignores CUDA_VISIBLE_DEVICES, as NCCL's P2P does.
+    ([], "") when nvidia-smi cannot tell."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [], ""
+    rows = [[part.strip() for part in line.split(",")] for line in out.strip().splitlines() if "," in line]
+    return [row[0] for row in rows], rows[0][-1] if rows else ""
 
 
 def set_device(index: int) -> None:

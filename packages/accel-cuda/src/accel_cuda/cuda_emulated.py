@@ -9,6 +9,7 @@ with `accel.precision.fp8_emulation` (real fp8 rounding, per-tensor scales).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,13 @@ group_started_at_set_device: list[bool] = []
 """For each `set_device` call, whether a process group already existed (it must not, for NCCL)."""
 tf32 = {"matmul": False, "cudnn": True}
 """The emulated TF32 switches, starting at PyTorch's defaults."""
+machine: dict[str, Any] = {
+    "gpus": [n for n in os.environ.get("ACCEL_CUDA_EMULATED_GPUS", "").split(",") if n],
+    "driver": os.environ.get("ACCEL_CUDA_EMULATED_DRIVER", "550.54.14"),
+}
+"""What nvidia-smi reports for the emulated machine: no GPUs by name unless a test says so (or, for a
+launch, `ACCEL_CUDA_EMULATED_GPUS` lists their names, comma-separated, and `ACCEL_CUDA_EMULATED_DRIVER`
+the driver version)."""
 installed_fp8_backends: set[str] = {"te", "ao"}
 """Which fp8 libraries the emulated machine has; tests remove them to reach the errors."""
 
@@ -44,6 +52,10 @@ def device_count() -> int:
 
 def device_name(index: int) -> str:
     return f"emulated GPU {index}"
+
+
+def machine_gpus() -> tuple[list[str], str]:
+    return list(machine["gpus"]), str(machine["driver"])
 
 
 def set_device(index: int) -> None:

@@ -178,6 +178,21 @@ class GaudiAdapter(Adapter):
             plugin = TorchDynamoPlugin(backend=backend)
         return dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
 
+    def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """Regional compilation as this adapter has always done it: each child of every `ModuleList` compiled
+        in place, the rest of the model eager, the model itself returned (the whole model when it has no
+        `ModuleList`)."""
+        from accel.prepare.wrappers import is_compiled_module
+
+        found = False
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for i, block in enumerate(module):
+                    found = True
+                    if not is_compiled_module(block):
+                        module[i] = torch.compile(block, **kwargs)  # type: ignore[assignment]
+        return model if found else torch.compile(model, **kwargs)  # type: ignore[return-value]
+
     def compile_backend(self) -> str:
         return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
 

@@ -419,6 +419,15 @@ class Adapter(LegacyPrepareHooks):
         adapter whose option implies compilation (e.g. regional compilation) returns adjusted settings."""
         return plugin
 
+    def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """Regional compilation (`TorchDynamoPlugin.use_regional_compilation`) of a prepared model, with
+        `torch.compile`'s `kwargs`, where the strategy does not compile in place. Base: Accelerate's
+        (`accel.utils.compile_regions`: a copy in which each repeated block and every other subtree is
+        compiled); an adapter whose users expect another rule replaces it."""
+        from ..prepare.wrappers import compile_regions
+
+        return compile_regions(model, **kwargs)
+
     def compiled_autograd(self) -> bool:
         """Whether a strategy that compiles its own engine (DeepSpeed's `engine.compile`) also compiles the
         backward with compiled autograd. Base: False."""
@@ -487,6 +496,11 @@ class Adapter(LegacyPrepareHooks):
         return {}
 
     # ---- launch -------------------------------------------------------------------------
+    visible_devices_env: ClassVar[str | None] = None
+    """The variable that limits which devices this hardware's processes see (its runtime renumbers them from
+    0). `accel launch --gpu_ids 0,2` (or a config file's `gpu_ids`) sets it for the workers, as `accelerate
+    launch` does; "all" sets nothing. None: `--gpu_ids` is refused naming the adapter."""
+
     @classmethod
     def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
         """Add this adapter's own `accel launch` flags to its argument group (default: `options_class`'s)."""

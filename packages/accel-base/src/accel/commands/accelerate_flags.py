@@ -144,7 +144,6 @@ REFUSED: dict[str, tuple[bool, str]] = {
         "accel launch runs the script as __main__ on every process: call that function there",
     ),
     "downcast_bf16": (False, "accel does not store whole tensors in bf16: --mixed_precision bf16 autocasts instead"),
-    "gpu_ids": (True, "make only those devices visible with your hardware's visible-devices variable"),
     "enable_cpu_affinity": (False, "bind the processes with numactl or taskset around `accel launch`"),
     "aws_access_key_id": (True, "SageMaker launches are not supported"),
     "aws_secret_access_key": (True, "SageMaker launches are not supported"),
@@ -203,6 +202,13 @@ def add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("accelerate launch compatibility (same meaning as in `accelerate launch`)")
     add_flag(g, "multi_gpu", action="store_true", help="accepted: several processes are the default on devices")
     add_flag(g, "same_network", action="store_true", help="accepted: no effect (torchrun's rendezvous)")
+    add_flag(
+        g,
+        "gpu_ids",
+        default=None,
+        metavar="IDS",
+        help="devices the workers see, comma-separated (the adapter's visible-devices variable); all: every one",
+    )
     add_flag(g, "use_deepspeed", action="store_true", help="the deepspeed strategy (--strategy deepspeed)")
     add_flag(g, "use_fsdp", action="store_true", help="the fsdp2 strategy (--strategy fsdp2)")
     add_flag(g, "use_megatron_lm", action="store_true", help="the megatron strategy (accel-megatron)")

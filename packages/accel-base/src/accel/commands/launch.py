@@ -214,6 +214,11 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
         env["ACCEL_DEBUG_MODE"] = "1"
     # --parallelism_config_* flags (they win over a config file's parallelism_config mapping).
     env.update(getattr(args, "parallelism_env", None) or {})
+    # --gpu_ids: the selected adapter's visible-devices variable (`resolve` checked the adapter has one); a
+    # config file's gpu_ids does not override that variable when the user already set it.
+    for var, ids in (getattr(args, "visible_devices_env", None) or {}).items():
+        if not ("gpu_ids" in from_file and var in os.environ):
+            env[var] = ids
     # --fp8_* flags (they win over a config file's fp8_config mapping).
     env.update(getattr(args, "fp8_env", None) or {})
     if getattr(args, "strategy_kwargs", None):

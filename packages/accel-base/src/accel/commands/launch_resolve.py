@@ -87,9 +87,11 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
     args.dynamo_kwargs = dynamo_kwargs(given(args, DYNAMO_FLAGS))
     _check_precision(args, adapter_cls)
     _check_dynamo_backend(args, adapter_cls)
+    args.visible_devices_env = _visible_devices(args, adapter_cls)
     counted = args.num_processes is None
     if counted:
-        args.num_processes = _device_count(adapter_cls, bool(args.emulate))
+        visible = next(iter(args.visible_devices_env.values()), None)
+        args.num_processes = len(visible.split(",")) if visible else _device_count(adapter_cls, bool(args.emulate))
     _check_numbers(args)
     _check_port(args)
     args.start_line = _start_line(args, adapter_cls, counted)
@@ -222,6 +224,23 @@ def _strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     for note in notes:
         print(f"accel launch: --{note}", file=sys.stderr)
     return kwargs
+
+
+def _visible_devices(args: argparse.Namespace, adapter_cls: type[Any]) -> dict[str, str]:
+    """`--gpu_ids` as the adapter's visible-devices variable for the workers ("all" or unset: nothing)."""
+    ids = getattr(args, "gpu_ids", None)
+    if ids is None or str(ids).strip().lower() == "all":
+        return {}
+    ids = ",".join(part.strip() for part in str(ids).split(","))
+    if not all(ids.split(",")):
+        raise UsageError(f"--gpu_ids takes comma-separated device ids (or all), got {args.gpu_ids!r}")
+    variable = adapter_cls.visible_devices_env
+    if variable is None:
+        raise UsageError(
+            f"--gpu_ids {ids}: the {adapter_cls.name!r} adapter has no visible-devices variable to limit its "
+            "devices with; drop --gpu_ids (or gpu_ids in the config file), or select the adapter for your devices"
+        )
+    return {variable: ids}
 
 
 def _device_count(adapter_cls: type[Any], emulate: bool) -> int:

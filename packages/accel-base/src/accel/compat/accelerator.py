@@ -242,7 +242,7 @@ class AcceleratorCompatMixin:
         Accelerate gives it, `PROFILE_PATTERN_NAME`).
         """
         handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
+        with handler.build(self.adapter.hardware_device_type) as profiler:
             yield profiler
         if handler.output_trace_dir is None:
             return

@@ -305,7 +305,7 @@ _HANDLERS: dict[str, Handler] = {
     "fsdp_config": _strategy_section("FSDP", fsdp_kwargs),
     "deepspeed_config": _strategy_section("DEEPSPEED", deepspeed_kwargs),
     "megatron_lm_config": _strategy_section("MEGATRON_LM", megatron_kwargs),
-    "gpu_ids": _refuse_when_set("make only those devices visible with your hardware's visible-devices variable"),
+    "gpu_ids": _set("gpu_ids", lambda k, v: str(v)),  # "all" (Accelerate's default) restricts nothing
     "enable_cpu_affinity": _refuse_when_set("bind the processes with numactl or taskset around `accel launch`"),
     "fp8_config": _fp8_config,
     "parallelism_config": _parallelism,

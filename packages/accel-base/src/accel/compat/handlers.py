@@ -69,7 +69,8 @@ class DynamoBackend(str, enum.Enum):
 class ProfileKwargs(KwargsHandler):
     """`torch.profiler` settings for `Accelerator.profile()`.
 
-    `activities`: names such as "cpu" (and the device's, e.g. the adapter's device type);
+    `activities`: names such as "cpu" (and the device's, e.g. the adapter's device type); without them the
+    CPU and the adapter's device are profiled, as torch's default does on that hardware;
     `schedule_option`: keyword arguments of `torch.profiler.schedule` (wait, warmup, active,
     repeat, skip_first); `output_trace_dir`: where each process writes its Chrome trace
     (`profile_<r>.json`, as in Accelerate) when the block ends (or when the schedule says so).
@@ -94,9 +95,17 @@ class ProfileKwargs(KwargsHandler):
             raise ValueError(f"Unknown profiler activity {name!r}; torch knows {known}.")
         return activity
 
-    def build(self) -> torch.profiler.profile:
-        """The `torch.profiler.profile` these settings describe."""
-        activities = [self._activity(a) for a in self.activities] if self.activities is not None else None
+    def build(self, device_type: str | None = None) -> torch.profiler.profile:
+        """The `torch.profiler.profile` these settings describe. Without `activities`: the CPU and the activity
+        named after `device_type` (the adapter's hardware, as torch's default profiles the GPU next to the CPU)
+        when torch has one, else torch's default."""
+        activities: list[torch.profiler.ProfilerActivity] | None
+        if self.activities is not None:
+            activities = [self._activity(a) for a in self.activities]
+        else:
+            device = getattr(torch.profiler.ProfilerActivity, str(device_type).upper(), None)
+            cpu = torch.profiler.ProfilerActivity.CPU
+            activities = [cpu, device] if device is not None and device != cpu else None
         schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
         return torch.profiler.profile(
             activities=activities,

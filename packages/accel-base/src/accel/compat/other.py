@@ -24,6 +24,8 @@ def extract_model_from_parallel(
 
     compiled = is_compiled_module(model)
     inner: Any = model._orig_mod if compiled else model
+    if not compiled and not keep_torch_compile and "_orig_mod" in model.__dict__:
+        inner = model.__dict__["_orig_mod"]  # regionally compiled (`compile_regions`): the module it copied
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
     if recursive:

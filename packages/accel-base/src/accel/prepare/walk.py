@@ -149,7 +149,10 @@ def compile_step(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
     settings = compile_settings(ctx.adapter, ctx.dynamo_plugin)
     if settings is None or (ctx.strategy.compiles_model and not ctx.evaluation_mode):
         return model
-    return compile_model(model, settings, default_backend=str(settings.backend))
+    in_place = ctx.strategy.compiles_regions_in_place and not ctx.evaluation_mode
+    return compile_model(
+        model, settings, default_backend=str(settings.backend), in_place=in_place, regions=ctx.adapter.compile_regions
+    )
 
 
 def model_walk(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from types import MethodType
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -64,46 +65,97 @@ def compile_settings(adapter: Adapter, plugin: TorchDynamoPlugin | None) -> Torc
     return dataclasses.replace(settings, backend=backend)
 
 
-def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin, *, default_backend: str) -> torch.nn.Module:
-    """Compile `model` with `plugin`'s settings unless it is already compiled.
+def compile_model(
+    model: torch.nn.Module,
+    plugin: TorchDynamoPlugin,
+    *,
+    default_backend: str,
+    in_place: bool = False,
+    regions: Callable[..., torch.nn.Module] | None = None,
+) -> torch.nn.Module:
+    """Compile `model` with `plugin`'s settings unless it is already compiled (whole, or region by region).
 
-    With `use_regional_compilation`, every child of every `ModuleList` is compiled in place
-    (each repeated block compiles once, and identical blocks reuse the code) and the model
-    object itself is returned.
+    With `use_regional_compilation`, Accelerate's regional compilation: `regions` (the adapter's
+    `compile_regions`; default this module's), or with `in_place`
+    (a strategy whose hooks sit on the model's modules, `Strategy.compiles_regions_in_place`: FSDP2)
+    `compile_regions_in_place` with dynamo capturing scalar outputs and skipping the forward's side effects
+    when checkpointed blocks recompute (Accelerate's FSDP2 settings, process-wide as there).
     """
-    if is_compiled_module(model):
+    if is_compiled_module(model) or "_orig_mod" in model.__dict__:
         return model
     kwargs = compile_kwargs(plugin, default_backend=default_backend)
-    if plugin.use_regional_compilation:
-        return compile_regions(model, **kwargs)
-    return cast(torch.nn.Module, torch.compile(model, **kwargs))
-
-
-def compile_regions(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
-    """Compile each block held in a `ModuleList` in place; returns `model` (marked compiled)."""
-    found = False
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList):
-            for i, block in enumerate(module):
-                if not is_compiled_module(block):
-                    module[i] = cast(torch.nn.Module, torch.compile(block, **kwargs))
-                    found = True
-    if not found:
-        # No repeated blocks: whole-model compilation is the only sensible region.
+    if not plugin.use_regional_compilation:
         return cast(torch.nn.Module, torch.compile(model, **kwargs))
-    model._accel_regionally_compiled = True  # type: ignore[assignment]
+    if not in_place:
+        return (regions or compile_regions)(model, **kwargs)
+    # Data-dependent shapes (MoE token dispatch) and activation checkpointing around compiled blocks.
+    torch._dynamo.config.capture_scalar_outputs = True
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    compile_regions_in_place(model, **kwargs)
     return model
 
 
-def compile_regions_in_place(model: torch.nn.Module, **kwargs: Any) -> None:
-    """`module.compile(**kwargs)` on each block held in a `ModuleList` (else on `model` itself).
+def is_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether `module` is a region list: a non-empty `ModuleList` whose blocks all share the first one's class."""
+    return (
+        isinstance(module, torch.nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(block, type(module[0])) for block in module)
+    )
 
-    In place, keeping every module object: for a model already inside an engine (DeepSpeed) whose hooks
-    sit on those modules, where swapping in `torch.compile` wrappers would leave the hooks behind.
+
+def has_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether `module` holds a region list (`is_repeated_blocks`) at any depth."""
+    return bool(module._modules) and any(is_repeated_blocks(m) for m in module.modules())
+
+
+def compile_regions(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+    """Accelerate's regional compilation: each block of a repeated `ModuleList` is compiled on its own (identical
+    blocks reuse the compiled code, so a deep model compiles in the time of one block), and every subtree
+    without repeated blocks is compiled as one region; a model without any is compiled whole.
+
+    Returns a new module sharing `model`'s parameters, with `model` itself, unchanged, in `_orig_mod` (where
+    `unwrap_model(..., keep_torch_compile=False)` and state dicts find it).
     """
-    blocks = [block for m in model.modules() if isinstance(m, torch.nn.ModuleList) for block in m]
-    for block in blocks or [model]:
-        block.compile(**kwargs)
+    compiled = _compile_regions(model, kwargs)
+    if not is_compiled_module(compiled):
+        compiled.__dict__["_orig_mod"] = model  # not a submodule: parameters are not listed twice
+    return compiled
+
+
+def _compile_regions(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
+    if is_repeated_blocks(module):
+        blocks = cast(torch.nn.ModuleList, module)
+        return torch.nn.ModuleList(cast(torch.nn.Module, torch.compile(block, **kwargs)) for block in blocks)
+    if not has_repeated_blocks(module):
+        return cast(torch.nn.Module, torch.compile(module, **kwargs))
+    # A shallow copy whose children are compiled regions: the user's module keeps its own children.
+    copy = module.__class__.__new__(module.__class__)
+    copy.__dict__.update(module.__dict__)
+    for name, value in list(copy.__dict__.items()):
+        if isinstance(value, MethodType) and value.__self__ is module:  # methods bound to it follow the copy
+            copy.__dict__[name] = MethodType(value.__func__, copy)
+    copy._modules = {}
+    for name, child in module.named_children():
+        copy.add_module(name, _compile_regions(child, kwargs))
+    return copy
+
+
+def compile_regions_in_place(model: torch.nn.Module, **kwargs: Any) -> None:
+    """Regional compilation with `module.compile(**kwargs)`, keeping every module object: each block of a
+    repeated `ModuleList`, and every subtree without repeated blocks (the model itself when it has none).
+
+    For a model whose wrapper put hooks on its modules (FSDP2's `fully_shard`, a DeepSpeed engine): a
+    `torch.compile` wrapper in their place would leave the hooks behind, and rename every parameter.
+    """
+    if is_repeated_blocks(model):
+        for block in cast(torch.nn.ModuleList, model):
+            block.compile(**kwargs)
+    elif has_repeated_blocks(model):
+        for child in model.children():
+            compile_regions_in_place(child, **kwargs)
+    else:
+        model.compile(**kwargs)
 
 
 def strip_compile(model: torch.nn.Module) -> torch.nn.Module:
@@ -118,6 +170,10 @@ def unwrap_through(model: torch.nn.Module, strategy: Any, *, keep_torch_compile:
     """
     inner = model
     while True:
+        regional = None if is_compiled_module(inner) else inner.__dict__.get("_orig_mod")
+        if regional is not None and not keep_torch_compile:
+            inner = regional  # the module `compile_regions` copied, as it was
+            continue
         nxt = strategy.unwrap(inner)
         if nxt is inner and is_compiled_module(inner):
             orig: torch.nn.Module = inner._orig_mod  # type: ignore[assignment]

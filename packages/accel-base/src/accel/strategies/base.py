@@ -143,6 +143,11 @@ class Strategy:
     owns_loss_scaling: ClassVar[bool] = False
     """Whether the strategy's engine scales the fp16 loss itself (then the Accelerator makes no grad scaler)."""
 
+    compiles_regions_in_place: ClassVar[bool] = False
+    """Whether regional compilation (`TorchDynamoPlugin.use_regional_compilation`) of a model this strategy
+    wrapped compiles its blocks in place (`module.compile()`), because the strategy's hooks sit on those
+    modules (FSDP2's `fully_shard`), with Accelerate's dynamo settings for that path."""
+
     compiles_model: ClassVar[bool] = False
     """Whether the strategy compiles the model itself, in `setup`, once its engine exists (e.g. DeepSpeed's
     `engine.compile`); then the walk leaves a model it wraps uncompiled. The strategy reads the settings with

@@ -308,6 +308,7 @@ class FSDP2Strategy(Strategy):
     """
 
     name: ClassVar[str] = "fsdp2"
+    compiles_regions_in_place: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         from .parallelism_config import ParallelismConfig
