@@ -40,7 +40,7 @@ DEFAULT_GRADIENT_ACCUMULATION_STEPS: int = _Default(1)
 """`Accelerator(gradient_accumulation_steps=)`'s default, 1: only a value passed in code wins over the launcher's."""
 
 
-def install_marker_default(function: Callable[..., Any], name: str, marker: _Default) -> None:
+def install_marker_default(function: Callable[..., Any], name: str, marker: int) -> None:
     """Make `marker` the default of `function`'s parameter `name`, whose source default is the same number.
 
     The source keeps the plain number (what the API reference and `help` show); calls that leave the
