@@ -108,3 +108,15 @@ def test_gather_requires_grad_and_per_rank_output_dirs(write_script) -> None:
     found = re.search(r"ok rank=0 files=(\[[^\]]*\])", proc.stdout)
     assert found, proc.stdout[-3000:]
     assert "random_states_0.pt" in found[1] and "random_states_1.pt" in found[1], found[1]
+
+
+def test_an_accelerator_with_launcher_fp8_settings_pickles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accelerate's test_pickle_accelerator pickles the Accelerator; the fp8 request it holds (read-only
+    views of the launcher's fp8 settings) pickles with it and comes back equal."""
+    monkeypatch.setenv("ACCEL_FP8_MARGIN", "2")
+    acc = Accelerator(cpu=True)
+    request = acc._fp8_request
+    assert request.get("margin") in (2, "2")
+    copy = pickle.loads(pickle.dumps(request))
+    assert copy == request and dict(copy.sources) == dict(request.sources)
+    pickle.loads(pickle.dumps(acc))

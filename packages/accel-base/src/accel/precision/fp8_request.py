@@ -55,6 +55,10 @@ class FP8Request:
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Where each setting came from ("TERecipeKwargs(margin=)", "ACCEL_FP8_MARGIN")."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles with its read-only views as plain dicts (an `Accelerator`, which holds this request, pickles)."""
+        return (_rebuild, (self.backend, self.backend_source, dict(self.settings), dict(self.sources)))
+
     def get(self, name: str, default: Any = None) -> Any:
         """The setting `name` when it was given, else `default` (the backend's own)."""
         value = self.settings.get(name)
@@ -82,3 +86,12 @@ class FP8Request:
 
 NO_FP8_REQUEST = FP8Request()
 """Nothing asked: the adapter's defaults throughout."""
+
+
+def _rebuild(backend: str | None, backend_source: str, settings: dict[str, Any], sources: dict[str, str]) -> FP8Request:
+    return FP8Request(
+        backend=backend,
+        backend_source=backend_source,
+        settings=MappingProxyType(settings),
+        sources=MappingProxyType(sources),
+    )
