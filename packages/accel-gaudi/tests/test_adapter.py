@@ -3,11 +3,13 @@ step markers, options and launch flags, and the quantized-model errors."""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import warnings
 
 import pytest
 import torch
-from accel import Accelerator, AdapterUnavailableError
+from accel import Accelerator, AdapterUnavailableError, ProfileKwargs, set_seed
 from accel.adapter.registry import select_adapter
 from accel.cli import _launch_parser, worker_env
 from accel.precision.base import remove_autocast_wrapper
@@ -276,3 +278,70 @@ def test_unknown_options_from_code_are_refused():
 
     with pytest.raises(ValueError, match=r"Unknown Gaudi adapter option\(s\) \['fastest'\]; the options are \["):
         Accelerator(adapter="gaudi", emulate=True, adapter_options={"fastest": True})
+
+
+# ---- profiler, random state ------------------------------------------------------------------
+def test_profile_records_the_hpu_next_to_the_cpu_and_takes_accelerates_hpu_activity(tmp_path):
+    cpu, hpu = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.HPU
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    handler = ProfileKwargs(activities=["cpu", "hpu"], output_trace_dir=str(tmp_path))  # Accelerate's names
+    with warnings.catch_warnings():  # without Habana's stack torch says it cannot profile the HPU: not the point here
+        warnings.simplefilter("ignore")
+        with acc.profile() as prof:  # no activities: the CPU and the adapter's device, as torch's default on HPU
+            torch.ones(2).add(1)
+        assert prof.activities == {cpu, hpu}
+        with acc.profile(handler) as prof:
+            torch.ones(2).add(1)
+    assert prof.activities == {cpu, hpu} and (tmp_path / "profile_0.json").is_file()
+
+
+def _hpu_draw() -> torch.Tensor:
+    return torch.rand(4, generator=hpu_emulated.generator())
+
+
+def test_set_seed_seeds_the_hpu_and_checkpoints_carry_its_generator(tmp_path):
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    set_seed(7)
+    first = _hpu_draw()
+    set_seed(8)
+    assert not torch.equal(_hpu_draw(), first)
+    set_seed(7)
+    assert torch.equal(_hpu_draw(), first)  # seeding reaches the HPU generator (torch.hpu.random.manual_seed_all)
+    assert hpu_emulated.calls["manual_seed"] == 3
+
+    acc.save_state(tmp_path / "ckpt")
+    at_save = hpu_emulated.generator().get_state()
+    expected = _hpu_draw()
+    _hpu_draw()  # move the generator on
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(_hpu_draw(), expected)
+    saved = torch.load(tmp_path / "ckpt" / "random_states_0.pt", weights_only=True)["device"]
+    assert len(saved) == 1 and torch.equal(saved[0], at_save)  # one HPU per process: its generator's state
+
+
+# ---- HPU graphs for training ---------------------------------------------------------------------
+def test_use_hpu_graphs_for_training_wraps_the_model_in_the_module_cacher_once():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    reference = copy.deepcopy(model)
+    acc = Accelerator(adapter="gaudi", emulate=True, adapter_options={"use_hpu_graphs_for_training": True})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prepared, opt = acc.prepare(model, opt)
+    assert prepared is model and hpu_emulated.calls["module_cacher"] == 1
+    x = torch.randn(5, 3)
+    out = prepared(x)
+    assert hpu_emulated.calls["hpu_graph_forward"] == 1 and torch.equal(out, reference(x))
+    acc.backward(out.sum())
+    opt.step()
+    assert not torch.equal(prepared[0].weight, reference[0].weight)  # it trains through the cacher
+    acc.prepare_model(model)  # already cached: not wrapped again
+    assert hpu_emulated.calls["module_cacher"] == 1
+
+
+@pytest.mark.parametrize("case", ["option_off", "evaluation_mode"])
+def test_no_module_cacher_without_the_option_or_for_evaluation(case):
+    options = {"use_hpu_graphs_for_training": case == "evaluation_mode"}
+    acc = Accelerator(adapter="gaudi", emulate=True, adapter_options=options)
+    model = acc.prepare_model(nn.Linear(2, 2), evaluation_mode=case == "evaluation_mode")
+    model(torch.ones(1, 2))
+    assert hpu_emulated.calls["module_cacher"] == 0 and hpu_emulated.calls["hpu_graph_forward"] == 0

@@ -208,7 +208,7 @@ def test_optimizer_offload_maps_adamw_to_cpu_adam_in_eager_mode_and_refuses_lazy
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
+def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool, monkeypatch: pytest.MonkeyPatch):
     """One process: with a dynamo backend the engine is compiled after `deepspeed.initialize`
     (`engine.compile`), and `compiled_autograd_enabled` (optimum-habana's `GaudiAccelerator` argument)
     turns on compiled autograd for its backward: the backward graph is captured, and training still
@@ -221,6 +221,7 @@ def test_compiled_autograd_enabled_compiles_the_engines_backward(enabled: bool):
 
     torch._dynamo.reset()
     counters.clear()
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")  # compilation runs in eager mode only
     acc = Accelerator(
         adapter="gaudi",
         emulate=True,

@@ -1,4 +1,5 @@
-"""Two gloo ranks through `accel launch --adapter gaudi --emulate`: ddp, fast_ddp, FSDP2 with
+"""Two gloo ranks through `accel launch --adapter gaudi --emulate --gpu_ids 2,5`: MULTI_HPU, the launcher's
+HABANA_VISIBLE_MODULES, ddp, fast_ddp, FSDP2 with
 activation checkpointing, and the distributed-only errors. One launch runs every scenario
 (a launch costs ~10 s on this machine); each test checks one of them."""
 
@@ -71,6 +72,8 @@ def train(acc, model, count=False):
 # The launch flag chose fast_ddp: the adapter read it at init.
 acc = Accelerator(adapter="gaudi", emulate=True)
 out["launch_flag_strategy"] = acc.adapter.config.distribution_strategy
+out["distributed_type"] = str(acc.distributed_type)
+out["visible_modules"] = os.environ.get("HABANA_VISIBLE_MODULES")
 rank = acc.process_index
 
 # Every rank starts from different weights: fast_ddp must broadcast rank 0's.
@@ -152,7 +155,9 @@ def results(launch, tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("gaudi_dist")
     script = tmp / "worker.py"
     script.write_text(WORKER)
-    launch(script, str(tmp), launch_args=("--adapter", "gaudi", "--emulate", "--distribution-strategy", "fast_ddp"))
+    # As `accelerate launch --gpu_ids 2,5` on a Gaudi machine: the workers see modules 2 and 5 only.
+    args = ("--adapter", "gaudi", "--emulate", "--distribution-strategy", "fast_ddp", "--gpu_ids", "2,5")
+    launch(script, str(tmp), launch_args=args)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -167,6 +172,14 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def test_launch_flag_selects_fast_ddp(results):
     assert [r["launch_flag_strategy"] for r in results] == ["fast_ddp", "fast_ddp"]
+
+
+def test_a_multi_process_gaudi_run_is_multi_hpu(results):
+    assert [r["distributed_type"] for r in results] == ["DistributedType.MULTI_HPU"] * 2
+
+
+def test_gpu_ids_become_habana_visible_modules(results):
+    assert [r["visible_modules"] for r in results] == ["2,5", "2,5"]
 
 
 def test_fast_ddp_matches_ddp_after_steps(results):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.errors import CompileNotSupportedError
 
 from .options import GaudiOptions
 from .precision import GaudiPrecision
@@ -56,6 +57,8 @@ class GaudiAdapter(Adapter):
     )
     vendor_module: ClassVar[str] = "accel_gaudi.hpu"
     emulated_vendor_module: ClassVar[str] = "accel_gaudi.hpu_emulated"
+    visible_devices_env: ClassVar[str | None] = "HABANA_VISIBLE_MODULES"
+    """`accel launch --gpu_ids 0,2` limits the workers to those Gaudi modules, as `accelerate launch` does on HPU."""
     options_class: ClassVar[type[GaudiOptions]] = GaudiOptions
     precision_class = GaudiPrecision
     """bf16 autocast by `force_autocast`/`autocast_policy`, fp8 through Habana's transformer engine."""
@@ -130,6 +133,18 @@ class GaudiAdapter(Adapter):
             ):
                 obj.multiprocessing_context = multiprocessing.get_context("spawn")
 
+    def optimize_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        """`use_hpu_graphs_for_training`: a model prepared for training is wrapped in Habana's `ModuleCacher`
+        (in place, before precision and the strategy, once), as optimum-habana's Trainer wraps it before
+        `prepare`; evaluation-mode preparation leaves it alone, as there."""
+        if not self.config.use_hpu_graphs_for_training or ctx.evaluation_mode:
+            return model
+        if model.__dict__.get("_accel_hpu_graphs_for_training"):
+            return model
+        model = self.vendor.module_cacher(model)
+        model.__dict__["_accel_hpu_graphs_for_training"] = True
+        return model
+
     def precision_fallback(self, precision: str) -> tuple[str, str] | None:
         """`mixed_precision="fp8"` on Gaudi1 (no fp8 units): bf16, with Accelerate's warning, as Accelerate does."""
         if precision == "fp8" and self.vendor.device_name() in GAUDI1_NAMES:
@@ -168,15 +183,59 @@ class GaudiAdapter(Adapter):
     def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
         """`use_regional_compilation` implies compilation (the adapter's backend unless the user chose one),
         one repeated block at a time; otherwise the user's settings as they are. DeepSpeed's engine is
-        compiled with the same settings (`engine.compile`, after `deepspeed.initialize`)."""
-        if not self.config.use_regional_compilation:
-            return plugin
-        backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
-        if plugin is None:
-            from accel.settings.kwargs import TorchDynamoPlugin
+        compiled with the same settings (`engine.compile`, after `deepspeed.initialize`).
 
-            plugin = TorchDynamoPlugin(backend=backend)
-        return dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
+        A run that compiles is refused in lazy mode (optimum-habana: "Dynamo and lazy are mutually
+        exclusive"), and gets the dynamo knobs of the options (`cache_size_limit`, `inline_inbuilt_nn_modules`,
+        `allow_unspec_int_on_nn_module`) set in `torch._dynamo.config`, as optimum-habana's training arguments do.
+
+        Raises:
+            CompileNotSupportedError: compilation in lazy mode (`PT_HPU_LAZY_MODE` not 0), or a knob this
+                torch cannot honour.
+        """
+        settings = plugin
+        if self.config.use_regional_compilation:
+            backend = plugin.backend if plugin is not None and plugin.backend not in (None, "no") else "default"
+            if plugin is None:
+                from accel.settings.kwargs import TorchDynamoPlugin
+
+                plugin = TorchDynamoPlugin(backend=backend)
+            settings = dataclasses.replace(plugin, backend=backend, use_regional_compilation=True)
+        if settings is not None and settings.backend not in (None, "no"):
+            self._check_compile_mode(settings.backend)
+            self._apply_dynamo_knobs()
+        return settings
+
+    def _check_compile_mode(self, backend: str) -> None:
+        if self.lazy:
+            raise CompileNotSupportedError(
+                f"Dynamo and lazy are mutually exclusive: torch.compile (dynamo_backend={backend!r}) runs on Gaudi "
+                "only in eager mode. Set PT_HPU_LAZY_MODE=0 before the process starts (Habana's bridge reads it when "
+                "it loads), or drop dynamo_backend / --use-regional-compilation."
+            )
+
+    def _apply_dynamo_knobs(self) -> None:
+        """The options' dynamo knobs into `torch._dynamo.config` (process-wide, as optimum-habana sets them)."""
+        import torch._dynamo.config as dynamo_config
+
+        knobs = {
+            "cache_size_limit": self.config.cache_size_limit,
+            "inline_inbuilt_nn_modules": self.config.inline_inbuilt_nn_modules,
+            "allow_unspec_int_on_nn_module": self.config.allow_unspec_int_on_nn_module,
+        }
+        for name, value in knobs.items():
+            if value is None:
+                continue
+            entry = getattr(dynamo_config, "_config", {}).get(name)
+            fixed = entry is None or bool(getattr(entry, "deprecated", False))
+            if fixed and name == "inline_inbuilt_nn_modules" and value:
+                continue  # this torch always inlines torch's own modules: what was asked for
+            if fixed:
+                raise CompileNotSupportedError(
+                    f"{name}={value!r}: torch {torch.__version__} no longer has this dynamo setting "
+                    f"({getattr(entry, 'deprecation_message', '') or 'removed'}); drop the Gaudi option {name}."
+                )
+            setattr(dynamo_config, name, value)
 
     def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Regional compilation as this adapter has always done it: each child of every `ModuleList` compiled

@@ -66,6 +66,15 @@ def manual_seed(seed: int) -> None:
     _hpu.random.manual_seed_all(seed)
 
 
+def module_cacher(model: torch.nn.Module) -> torch.nn.Module:
+    """Habana's `ModuleCacher` on `model`, in place: its forward and backward are recorded once as HPU
+    graphs and replayed on later calls."""
+    import habana_frameworks.torch as ht
+
+    ht.hpu.ModuleCacher()(model=model, inplace=True)
+    return model
+
+
 def _te() -> Any:
     from habana_frameworks.torch.hpex.experimental import transformer_engine
 

@@ -80,6 +80,21 @@ def manual_seed(seed: int) -> None:
     _rng.manual_seed(seed)
 
 
+def module_cacher(model: nn.Module) -> nn.Module:
+    """Stands for `ht.hpu.ModuleCacher()(model=model, inplace=True)`: in place, the module's forward goes
+    through the cacher (each call counted in `calls["hpu_graph_forward"]`) and computes what the replayed
+    graph computes, eagerly."""
+    calls["module_cacher"] += 1
+    forward = model.forward
+
+    def cached_forward(*args: Any, **kwargs: Any) -> Any:
+        calls["hpu_graph_forward"] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = cached_forward  # type: ignore[method-assign]
+    return model
+
+
 # ---- fp8: stands for habana_frameworks.torch.hpex.experimental.transformer_engine ----------
 
 

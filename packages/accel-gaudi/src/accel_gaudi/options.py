@@ -90,3 +90,40 @@ class GaudiOptions(AdapterOptions):
     on compiled autograd, so the backward is captured and compiled as one graph, as optimum-habana's
     `GaudiAccelerator(compiled_autograd_enabled=True)` (`use_compiled_autograd`) does. Costs a longer
     first backward; no effect under other strategies or without compilation (as there)."""
+    cache_size_limit: int | None = option(
+        None,
+        env="ACCEL_GAUDI_CACHE_SIZE_LIMIT",
+        flag="--cache-size-limit",
+        minimum=1,
+        help="gaudi: torch._dynamo.config.cache_size_limit when compiling (optimum-habana's cache_size_limit)",
+    )
+    """When compiling, how many graphs dynamo keeps per function before it falls back to eager
+    (`torch._dynamo.config.cache_size_limit`, as optimum-habana's training argument sets it); None leaves torch's."""
+    inline_inbuilt_nn_modules: bool | None = option(
+        None,
+        env="ACCEL_GAUDI_INLINE_INBUILT_NN_MODULES",
+        flag="--inline-inbuilt-nn-modules",
+        none_word="default",
+        help="gaudi: torch._dynamo.config.inline_inbuilt_nn_modules when compiling (optimum-habana's knob)",
+    )
+    """When compiling, whether dynamo traces into torch's own `nn` modules
+    (`torch._dynamo.config.inline_inbuilt_nn_modules`); None leaves torch's. A torch that always inlines them
+    (the setting is deprecated there) takes True and refuses False by name."""
+    allow_unspec_int_on_nn_module: bool | None = option(
+        None,
+        env="ACCEL_GAUDI_ALLOW_UNSPEC_INT_ON_NN_MODULE",
+        flag="--allow-unspec-int-on-nn-module",
+        none_word="default",
+        help="gaudi: torch._dynamo.config.allow_unspec_int_on_nn_module when compiling (optimum-habana's knob)",
+    )
+    """When compiling, whether integer attributes of modules stay dynamic instead of being specialised
+    (`torch._dynamo.config.allow_unspec_int_on_nn_module`; matters with `dynamic=None` or True); None leaves torch's."""
+    use_hpu_graphs_for_training: bool = option(
+        False,
+        env="ACCEL_GAUDI_USE_HPU_GRAPHS_FOR_TRAINING",
+        flag="--use-hpu-graphs-for-training",
+        help="gaudi: record the model's training forward and backward as HPU graphs (Habana's ModuleCacher)",
+    )
+    """Wrap the model in Habana's `ModuleCacher` at `prepare` (training only, before the strategy), as
+    optimum-habana's `use_hpu_graphs_for_training`: each forward/backward is recorded once as an HPU graph and
+    replayed, cutting host overhead for models with static shapes."""
