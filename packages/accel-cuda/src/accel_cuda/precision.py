@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
-from accel.precision.base import Precision, enter_all, wrap_forward_in_autocast
+from accel.precision.base import Precision, enter_all, in_training_or, wrap_forward_in_autocast
 from accel.precision.fp8_request import NO_FP8_REQUEST
 
 from . import fp8
@@ -28,14 +27,9 @@ class CUDAPrecision(Precision):
         contexts: list[Any] = [lambda: adapter.autocast("bf16", **kwargs)]
         recipe = getattr(model, "_accel_te_recipe", None)
         if recipe is not None:
-            eval_too = model._accel_fp8_eval
-
-            def te_context() -> Any:
-                if model.training or eval_too:
-                    return adapter.vendor.te_fp8_autocast(recipe)
-                return contextlib.nullcontext()
-
-            contexts.append(te_context)
+            contexts.append(
+                in_training_or(model, model._accel_fp8_eval, lambda: adapter.vendor.te_fp8_autocast(recipe))
+            )
         wrap_forward_in_autocast(model, lambda: enter_all(contexts))
         return model
 

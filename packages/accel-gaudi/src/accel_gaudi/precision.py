@@ -3,11 +3,10 @@ Habana's transformer engine (emulated by `accel_gaudi.hpu_emulated`), as a `Prec
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accel.precision.base import Precision, enter_all, wrap_forward_in_autocast
+from accel.precision.base import Precision, enter_all, in_training_or, wrap_forward_in_autocast
 from accel.precision.fp8_request import NO_FP8_REQUEST
 
 from .fp8 import GaudiFP8RecipeKwargs, convert_linears, recipe_from_request, wrap_gradient_checkpointing
@@ -56,14 +55,7 @@ class GaudiPrecision(Precision):
         if self.fp8:
             model = self.convert_fp8(model, ctx)
             recipe = model._accel_fp8_recipe
-            eval_too = model._accel_fp8_eval
-
-            def fp8_context() -> Any:
-                if model.training or eval_too:
-                    return adapter.vendor.fp8_autocast(recipe)
-                return contextlib.nullcontext()
-
-            contexts.append(fp8_context)
+            contexts.append(in_training_or(model, model._accel_fp8_eval, lambda: adapter.vendor.fp8_autocast(recipe)))
         if contexts:
             wrap_forward_in_autocast(model, lambda: enter_all(contexts))
         return model

@@ -74,6 +74,18 @@ def enter_all(factories: list[Callable[[], contextlib.AbstractContextManager[Any
         yield
 
 
+def in_training_or(
+    model: torch.nn.Module, eval_too: bool, make: Callable[[], contextlib.AbstractContextManager[Any]]
+) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """A context factory for `enter_all`: `make()` while `model` trains, and in evaluation too when `eval_too`
+    (Accelerate's `use_autocast_during_eval` for an fp8 autocast); no context otherwise."""
+
+    def factory() -> contextlib.AbstractContextManager[Any]:
+        return make() if model.training or eval_too else contextlib.nullcontext()
+
+    return factory
+
+
 def remove_autocast_wrapper(model: torch.nn.Module) -> None:
     """Undo `wrap_forward_in_autocast`."""
     original = model.__dict__.pop("_original_forward", None)
