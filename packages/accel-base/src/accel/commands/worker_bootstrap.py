@@ -57,7 +57,9 @@ def _watch_parent(launcher_pid: int) -> None:
 
 def _mark_started() -> None:
     """Tell the launcher's progress line this worker runs the script (`launch_progress`, by its folder)."""
-    folder = os.environ.get("ACCEL_LAUNCH_PROGRESS_DIR")
+    folder = os.environ.get(
+        "ACCEL_LAUNCH_PROGRESS_DIR"
+    )  # accel.settings.launch.PROGRESS_DIR_ENV (no accel import here)
     if folder:
         try:
             open(os.path.join(folder, f"started-{os.environ.get('LOCAL_RANK', '0')}"), "w").close()
