@@ -39,7 +39,7 @@ NOTES = {
     "device_mesh": "the same mesh as `torch_device_mesh`",
     "load_state": "`load_kwargs` takes `map_location` ('cpu', 'on_device') and `weights_only=True`; anything that would unpickle code is refused",
     "DistributedType": "members naming hardware (MULTI_GPU, XLA, ...) come from the installed adapter packages",
-    "FullyShardedDataParallelPlugin": "accel's `FSDPConfig` (FSDP2 only; FSDP1-only fields are refused)",
+    "FullyShardedDataParallelPlugin": "accel's `FSDPConfig`: FSDP2 by default, FSDP1 with `fsdp_version=1` (Accelerate's default)",
     "DeepSpeedPlugin": "the DeepSpeed strategy's config (`pip install accel-base[deepspeed]`)",
     "prepare_data_loader": "same signature; `slice_fn_for_dispatch` raises NotImplementedError; extra keyword-only "
     "arguments (gradient_state, comm_device, extra_kwargs)",

@@ -133,7 +133,7 @@ def test_fsdp_flags_become_the_fsdp2_config(tmp_path: Path) -> None:
     ("flags", "message"),
     [
         (("--use_fsdp", "--fsdp_version", "3"), "--fsdp_version: expected 1 or 2, got '3'"),
-        (("--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"), "use the ddp strategy instead"),
+        (("--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"), "use the ddp strategy, or fsdp_version 1"),
         (("--use_fsdp", "--fsdp_forward_prefetch", "true"), "--fsdp_forward_prefetch"),
         (("--fsdp_offload_params", "true"), "add --use_fsdp"),
         (("--use_fsdp", "--fsdp_state_dict_type", "LOCAL_STATE_DICT"), "FULL_STATE_DICT or SHARDED_STATE_DICT"),
@@ -144,13 +144,28 @@ def test_fsdp_settings_accel_cannot_honour_are_refused(tmp_path: Path, flags: tu
         _env_for(tmp_path, *flags)
 
 
-def test_fsdp_version_1_runs_fsdp2_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """As `FSDP_VERSION=1` from `accelerate launch` and `fsdp_version: 1` in a config file do."""
-    env = _env_for(tmp_path, "--use_fsdp", "--fsdp_version", "1", "--fsdp_offload_params", "true")
+def test_fsdp_version_1_runs_fsdp1_with_its_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As `FSDP_VERSION=1` from `accelerate launch` and `fsdp_version: 1` in a config file do: FSDP1's own
+    options reach its config instead of being refused or noted as under FSDP2."""
+    env = _env_for(
+        tmp_path,
+        *("--use_fsdp", "--fsdp_version", "1", "--fsdp_offload_params", "true", "--fsdp_sharding_strategy", "NO_SHARD"),
+        *("--fsdp_backward_prefetch", "BACKWARD_POST", "--fsdp_forward_prefetch", "true"),
+        *("--fsdp_use_orig_params", "false", "--fsdp_sync_module_states", "true"),
+    )
     assert env["ACCEL_STRATEGY"] == "fsdp2"
-    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {"cpu_offload": True}
-    err = capsys.readouterr().err
-    assert "--fsdp_version 1: accel implements FSDP2 only and runs it instead" in err
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {
+        "fsdp_version": 1,
+        "cpu_offload": True,
+        "sharding_strategy": "NO_SHARD",
+        "backward_prefetch": "BACKWARD_POST",
+        "forward_prefetch": True,
+        "use_orig_params": False,
+        "sync_module_states": True,
+    }
+    assert "fsdp" not in capsys.readouterr().err
+    with pytest.raises(UsageError, match="FSDP1 \\(fsdp_version 1\\) takes a sharding strategy name here"):
+        _env_for(tmp_path, "--use_fsdp", "--fsdp_version", "1", "--fsdp_reshard_after_forward", "true")
 
 
 def test_prefixes_of_flags_are_not_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

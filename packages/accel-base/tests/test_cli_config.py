@@ -208,18 +208,23 @@ def test_accelerate_files_map_key_by_key() -> None:
     assert (gpu["dynamo_backend"], gpu["dynamo_mode"], gpu["dynamo_use_fullgraph"]) == ("inductor", "default", False)
 
 
-def test_an_fsdp1_file_runs_fsdp2_with_a_note_as_the_environment_does() -> None:
+def test_an_fsdp1_file_runs_fsdp1_with_its_options_as_accelerate_does() -> None:
     data, lines = read_yaml(FIXTURES / "fsdp1.yaml")
     values, notes = accelerate_launch_defaults(data, lines)
     assert values["strategy"] == "fsdp2"
     assert values["strategy_kwargs"] == {
+        "fsdp_version": 1,
         "auto_wrap_policy": "size_based_wrap",
+        "backward_prefetch": "BACKWARD_PRE",
+        "forward_prefetch": False,
         "min_num_params": 100000,
         "cpu_offload": True,
-        "reshard_after_forward": True,  # FULL_SHARD
+        "sharding_strategy": "FULL_SHARD",
         "state_dict_type": "FULL_STATE_DICT",
+        "sync_module_states": True,
+        "use_orig_params": True,
     }
-    assert any(n.startswith("fsdp_config.fsdp_version 1: accel implements FSDP2 only and runs it") for n in notes)
+    assert not [n for n in notes if "fsdp" in n], notes
     data["fsdp_config"]["fsdp_version"] = 3
     with pytest.raises(ConfigError, match=r"fsdp1.yaml:16: fsdp_config.fsdp_version: expected 1 or 2, got 3"):
         accelerate_launch_defaults(data, lines)
@@ -352,20 +357,21 @@ def test_launch_with_an_accelerate_config_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "processes", "strategy", "note"),
     [
-        ("fsdp1.yaml", "2", "fsdp2", "fsdp_config.fsdp_version 1: accel implements FSDP2 only and runs it instead"),
+        ("fsdp1.yaml", "2", "fsdp2", None),
         ("xla.yaml", "1", "ddp", "tpu_use_sudo: ignored ("),
     ],
 )
 def test_accelerate_files_accel_once_refused_now_launch(
-    tmp_path: Path, name: str, processes: str, strategy: str, note: str
+    tmp_path: Path, name: str, processes: str, strategy: str, note: str | None
 ) -> None:
     """`accel launch --config_file` on Accelerate's FSDP1 and TPU files (on this CPU): the workers run, the
-    launcher's note is printed once."""
+    launcher's note is printed once (the FSDP1 file runs FSDP1, with no note)."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, sys\nfrom accel import Accelerator\nacc = Accelerator()\n"
         "config = getattr(acc.strategy, 'config', None)\n"
-        "row = [acc.num_processes, acc.state.strategy_name, getattr(config, 'cpu_offload', None)]\n"
+        "row = [acc.num_processes, acc.state.strategy_name, getattr(config, 'cpu_offload', None),\n"
+        "       type(acc.strategy).__name__]\n"
         "open(os.path.join(sys.argv[1], f'rank{acc.process_index}.json'), 'w').write(json.dumps(row))\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -390,7 +396,9 @@ def test_accelerate_files_accel_once_refused_now_launch(
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count(note) == 1, proc.stderr[-3000:]
+    assert note is None or proc.stderr.count(note) == 1, proc.stderr[-3000:]
+    assert "fsdp_version" not in proc.stderr, proc.stderr[-3000:]
     rows = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
-    offload = True if name == "fsdp1.yaml" else None  # the file's fsdp_offload_params reached FSDPConfig
-    assert rows == [[int(processes), strategy, offload]] * int(processes)
+    # The file's fsdp_offload_params and fsdp_version reached FSDPConfig.
+    expected = [True, "FSDP1Strategy"] if name == "fsdp1.yaml" else [None, "DDPStrategy"]
+    assert rows == [[int(processes), strategy, *expected]] * int(processes)

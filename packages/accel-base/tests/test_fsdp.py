@@ -205,7 +205,7 @@ def test_plugin_selects_the_strategy_and_alias() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"fsdp_version": 1}, "fsdp_version=1 is not supported"),
+        ({"fsdp_version": 3}, "fsdp_version must be 1 \\(FullyShardedDataParallel\\) or 2"),
         ({"state_dict_type": "LOCAL_STATE_DICT"}, "FSDP2 does not support LOCAL_STATE_DICT"),
         ({"auto_wrap_policy": "everything"}, "auto_wrap_policy must be one of"),
         ({"min_num_params": -1}, "min_num_params must be >= 0"),

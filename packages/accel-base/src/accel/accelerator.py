@@ -191,6 +191,7 @@ class Accelerator(AcceleratorCompatMixin):
             scaler_kwargs=self.scaler_handler.to_kwargs() if self.scaler_handler else None,
             autocast_kwargs=_autocast_kwargs(self.autocast_handler),
         )
+        self.precision.scaler = self.strategy.grad_scaler(self.precision.scaler)
         self.scaler = self.precision.scaler
         requested = settings.mixed_precision or settings.env.mixed_precision
         check_fp8_handlers_used(self.kwargs_handlers, requested, self.precision.fp8, self.strategy.name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,8 +180,13 @@ def check_model_state(live: dict[str, Any], loaded: dict[str, Any], path: Path, 
         )
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, loaded: Any, path: Path) -> None:
-    """`loaded` is an optimizer state dict for the same parameter groups, with state of matching shapes."""
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer, loaded: Any, path: Path, shapes: Mapping[Any, Any] | None = None
+) -> None:
+    """`loaded` is an optimizer state dict for the same parameter groups, with state of matching shapes.
+
+    `shapes`: the full shape of each parameter by its key in `loaded`, where the live parameter is a flattened
+    shard of it (FSDP1's); a key not there is checked against the parameter's own shape."""
     if not isinstance(loaded, dict) or not isinstance(loaded.get("param_groups"), list) or "state" not in loaded:
         raise CheckpointError(f"Checkpoint file {path} is not an optimizer state dict. Nothing was loaded.")
     groups = optimizer.param_groups
@@ -201,10 +206,11 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, loaded: Any, path: P
         for key, value in state.items():
             # State shaped like its parameter (Adam's moments) must match it; factored or scalar
             # state (Adafactor's rows, step counters) has fewer dimensions and is left alone.
-            if isinstance(value, torch.Tensor) and value.dim() == param.dim() > 0 and value.shape != param.shape:
+            shape = torch.Size((shapes or {}).get(pid, param.shape))
+            if isinstance(value, torch.Tensor) and value.dim() == len(shape) > 0 and value.shape != shape:
                 raise CheckpointError(
                     f"Checkpoint file {path} does not fit the optimizer: state {key!r} of parameter {pid} has shape "
-                    f"{tuple(value.shape)}, the parameter {tuple(param.shape)}. Nothing was loaded."
+                    f"{tuple(value.shape)}, the parameter {tuple(shape)}. Nothing was loaded."
                 )
 
 

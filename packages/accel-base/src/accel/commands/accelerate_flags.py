@@ -98,20 +98,22 @@ DEEPSPEED_HELP = {
 }
 _DS_LAUNCHER = "accel launch starts every node through torchrun; run `accel launch --nnodes N` on each node"
 FSDP_HELP = {
-    "fsdp_version": "2 only (accel implements FSDP2)",
+    "fsdp_version": "FSDPConfig.fsdp_version: 1 (FullyShardedDataParallel) or 2 (fully_shard, the default)",
     "fsdp_offload_params": "FSDPConfig.cpu_offload (true/false)",
     "fsdp_min_num_params": "FSDPConfig.min_num_params (with SIZE_BASED_WRAP)",
-    "fsdp_sharding_strategy": "FULL_SHARD or SHARD_GRAD_OP (FSDPConfig.reshard_after_forward); HYBRID_SHARD is "
-    "ParallelismConfig (--parallelism_config_dp_replicate_size), NO_SHARD the ddp strategy",
+    "fsdp_sharding_strategy": "FSDPConfig.sharding_strategy under fsdp_version 1 (any); under 2 FULL_SHARD or "
+    "SHARD_GRAD_OP (reshard_after_forward), HYBRID_SHARD is --parallelism_config_dp_replicate_size",
     "fsdp_reshard_after_forward": "FSDPConfig.reshard_after_forward (true/false)",
     "fsdp_auto_wrap_policy": "FSDPConfig.auto_wrap_policy (TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP)",
     "fsdp_transformer_layer_cls_to_wrap": "FSDPConfig.transformer_cls_names_to_wrap (comma-separated)",
-    "fsdp_backward_prefetch": "accepted, no effect: FSDP2 prefetches in backward by itself",
+    "fsdp_backward_prefetch": "FSDPConfig.backward_prefetch under fsdp_version 1; under 2 noted, no effect "
+    "(FSDP2 prefetches in backward by itself), as Accelerate",
     "fsdp_state_dict_type": "FSDPConfig.state_dict_type (FULL_STATE_DICT, SHARDED_STATE_DICT)",
-    "fsdp_forward_prefetch": "false only",
-    "fsdp_use_orig_params": "true only (FSDP2 always keeps them)",
+    "fsdp_forward_prefetch": "FSDPConfig.forward_prefetch under fsdp_version 1; false only under 2",
+    "fsdp_use_orig_params": "FSDPConfig.use_orig_params under fsdp_version 1; true only under 2",
     "fsdp_cpu_ram_efficient_loading": "FSDPConfig.cpu_ram_efficient_loading: every rank starts from rank 0's weights",
-    "fsdp_sync_module_states": "not honoured (a note says so): seed every process the same",
+    "fsdp_sync_module_states": "FSDPConfig.sync_module_states under fsdp_version 1; under 2 noted, not honoured "
+    "(seed every process the same, or cpu_ram_efficient_loading)",
     "fsdp_activation_checkpointing": "FSDPConfig.activation_checkpointing (true/false)",
     "fsdp_activation_checkpointing_offload": "false only",
 }

@@ -141,7 +141,7 @@ def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: st
             if var.startswith("FSDP_")
         }
         settings: dict[str, Any] = {key: env[var] for key, var in var_of.items()}
-        notes: list[str] = []  # FSDP_VERSION=1 (`--use_fsdp`'s default) runs FSDP2 with fsdp_kwargs' note
+        notes: list[str] = []  # FSDP_VERSION=1 (`--use_fsdp`'s default) runs FSDP1, as in Accelerate
         # Accelerate's plugin: no wrap policy set means NO_WRAP, and min_num_params only counts for
         # SIZE_BASED_WRAP (its launcher always writes 1e8).
         settings.setdefault("fsdp_auto_wrap_policy", "NO_WRAP")

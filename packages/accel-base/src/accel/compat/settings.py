@@ -67,32 +67,35 @@ def _sharding(key: str, value: Any) -> str:
 def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """`FSDPConfig` keyword arguments for Accelerate's `fsdp_*` settings, and notes to print.
 
-    `fsdp_version: 1` runs FSDP2 with a note (as the environment path does).
+    `fsdp_version: 1` runs FSDP1 (torch's FullyShardedDataParallel) with every FSDP1 option honoured, as
+    Accelerate does; 2, or no version, runs FSDP2 (accel's default), where FSDP1-only options are mapped,
+    refused, or noted as Accelerate notes them under FSDP2.
 
     Raises:
-        SettingError: a setting FSDP2 in accel cannot honour (NO_SHARD, hybrid sharding,
-            forward prefetch, activation-checkpoint offload, an unknown key).
+        SettingError: a setting the chosen FSDP version cannot honour (under FSDP2: NO_SHARD, hybrid sharding,
+            forward prefetch; activation-checkpoint offload; an unknown key).
     """
-    out: dict[str, Any] = {}
+    version = settings.get("fsdp_version")
+    if version is not None:
+        version = _int("fsdp_version", version)
+        if version not in (1, 2):
+            raise SettingError("fsdp_version", f"expected 1 or 2, got {settings['fsdp_version']!r}")
+    v1 = version == 1
+    out: dict[str, Any] = {"fsdp_version": 1} if v1 else {}
     notes: list[str] = []
     for key, value in settings.items():
-        if value is None:
+        if value is None or key == "fsdp_version":
             continue
-        if key == "fsdp_version":
-            version = _int(key, value)
-            if version not in (1, 2):
-                raise SettingError(key, f"expected 1 or 2, got {value!r}")
-            if version == 1:
-                # `accelerate config`/`--use_fsdp` write 1 unless told otherwise. FSDP2 trains the same numbers
-                # (sharded parameters, the same optimizer steps); only its memory layout and state-dict keys differ.
-                notes.append(
-                    f"{key} 1: accel implements FSDP2 only and runs it instead (same numbers, different memory); "
-                    "set 2 to silence this"
-                )
-        elif key == "fsdp_offload_params":
+        if key == "fsdp_offload_params":
             out["cpu_offload"] = as_bool(key, value)
         elif key == "fsdp_min_num_params":
             out["min_num_params"] = _int(key, value)
+        elif key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward") and v1:
+            if key == "fsdp_reshard_after_forward" and settings.get("fsdp_sharding_strategy") is not None:
+                continue  # the FSDP1 name wins, as in Accelerate's plugin
+            if str(value).strip().lower() in TRUE + FALSE and not str(value).strip().isdigit():
+                raise SettingError(key, "FSDP1 (fsdp_version 1) takes a sharding strategy name here, e.g. FULL_SHARD")
+            out["sharding_strategy"] = _sharding(key, value).replace("HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2")
         elif key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
             if key == "fsdp_sharding_strategy" and settings.get("fsdp_reshard_after_forward") is not None:
                 continue  # FSDP2's own setting wins over the FSDP1 name (as in Accelerate)
@@ -101,12 +104,14 @@ def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
                 continue
             strategy = _sharding(key, value)
             if strategy == "NO_SHARD":
-                raise SettingError(key, "NO_SHARD is plain data parallelism: use the ddp strategy instead")
+                raise SettingError(
+                    key, "NO_SHARD under FSDP2 is plain data parallelism: use the ddp strategy, or fsdp_version 1"
+                )
             if strategy.startswith("HYBRID"):
                 raise SettingError(
                     key,
-                    "hybrid sharding (HSDP) is ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) "
-                    "(or parallelism_config_dp_replicate_size/_dp_shard_size; docs/parallelism.md)",
+                    "hybrid sharding under FSDP2 is ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) "
+                    "(or parallelism_config_dp_replicate_size/_dp_shard_size; docs/parallelism.md), or fsdp_version 1",
                 )
             out["reshard_after_forward"] = strategy == "FULL_SHARD"
         elif key == "fsdp_auto_wrap_policy":
@@ -124,25 +129,36 @@ def fsdp_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
         elif key == "fsdp_activation_checkpointing":
             out["activation_checkpointing"] = as_bool(key, value)
         elif key == "fsdp_backward_prefetch":
-            if str(value).strip().upper() not in ("BACKWARD_PRE", "NO_PREFETCH"):
-                raise SettingError(key, f"expected BACKWARD_PRE or NO_PREFETCH, got {value!r}")
-            notes.append(f"{key} is ignored: FSDP2 prefetches the next unit's parameters in backward by itself")
+            prefetch = str(value).strip().upper()
+            if prefetch not in ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"):
+                raise SettingError(key, f"expected BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH, got {value!r}")
+            if v1:
+                out["backward_prefetch"] = None if prefetch == "NO_PREFETCH" else prefetch
+            elif prefetch != "NO_PREFETCH":
+                notes.append(f"{key} is ignored: FSDP2 prefetches the next unit's parameters in backward by itself")
+        elif key == "fsdp_forward_prefetch" and v1:
+            out["forward_prefetch"] = as_bool(key, value)
         elif key == "fsdp_forward_prefetch":
             if as_bool(key, value):
-                raise SettingError(key, "explicit forward prefetch is not supported by accel's FSDP2; set it to false")
+                raise SettingError(key, "forward prefetch is FSDP1's: set fsdp_version 1, or set it to false")
+        elif key == "fsdp_use_orig_params" and v1:
+            out["use_orig_params"] = as_bool(key, value)
         elif key == "fsdp_use_orig_params":
             if not as_bool(key, value):
-                raise SettingError(key, "FSDP2 always keeps the original parameters; set it to true")
+                raise SettingError(key, "FSDP2 always keeps the original parameters; set it to true, or fsdp_version 1")
         elif key == "fsdp_activation_checkpointing_offload":
             if as_bool(key, value):
                 raise SettingError(key, "offloading checkpointed activations is not supported; set it to false")
         elif key == "fsdp_cpu_ram_efficient_loading":
             out["cpu_ram_efficient_loading"] = as_bool(key, value)
+        elif key == "fsdp_sync_module_states" and v1:
+            out["sync_module_states"] = as_bool(key, value)
         elif key == "fsdp_sync_module_states":
             if as_bool(key, value) and not as_bool(key, settings.get("fsdp_cpu_ram_efficient_loading", "false")):
                 notes.append(
                     f"{key} is not honoured: FSDP2 shards each process's own initial weights, so seed every "
-                    "process the same (accel.utils.set_seed) or set fsdp_cpu_ram_efficient_loading (rank 0's weights)"
+                    "process the same (accel.utils.set_seed), set fsdp_cpu_ram_efficient_loading (rank 0's "
+                    "weights), or set fsdp_version 1"
                 )
         elif key == "fsdp_ignored_modules":
             out["ignored_modules"] = str(value)

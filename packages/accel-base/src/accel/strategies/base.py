@@ -140,6 +140,12 @@ class Strategy:
         """
         return None
 
+    def grad_scaler(self, scaler: Any) -> Any:
+        """The fp16 scaler the run steps with, given the adapter's (`Adapter.make_grad_scaler`; None: no loss
+        scaling). Default: the adapter's. A strategy whose gradients are per-rank shards of flat buffers returns
+        one that agrees on inf/nan over every rank, so a step is skipped everywhere or nowhere."""
+        return scaler
+
     owns_loss_scaling: ClassVar[bool] = False
     """Whether the strategy's engine scales the fp16 loss itself (then the Accelerator makes no grad scaler)."""
 

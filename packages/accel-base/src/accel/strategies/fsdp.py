@@ -8,8 +8,11 @@ Checkpointing lives in `fsdp_checkpoint.py`.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from . import fsdp1
 from .base import Strategy
 
 if TYPE_CHECKING:
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
 
     from ..distributed.distributed_type import DistributedType
     from ..prepare.context import RunContext
+    from ..prepare.group import PrepareGroup
     from ..prepare.prepared import Prepared
     from .parallelism_config import MeshFacts, ParallelismConfig
 
@@ -54,7 +59,8 @@ class FSDPConfig:
     """
 
     fsdp_version: int = 2
-    """Only 2 (`fully_shard`) is supported; FSDP1 is deprecated upstream."""
+    """2: `fully_shard` (FSDP2, the default). 1: torch's `FullyShardedDataParallel` wrapper (FSDP1, Accelerate's
+    default and deprecated upstream), with its own options below honoured as FSDP1 defines them."""
     auto_wrap_policy: str | Callable[[nn.Module], bool] | None = None
     """Which submodules become their own FSDP unit (gathered and freed on their own).
     None: each child of an `nn.ModuleList` (transformer blocks), or size-based when
@@ -69,9 +75,10 @@ class FSDPConfig:
     min_num_params: int | None = 0
     """Parameter count at which "size_based_wrap" makes a subtree its own unit. Smaller
     units mean lower peak memory and more, smaller collectives."""
-    reshard_after_forward: bool | str = True
+    reshard_after_forward: bool | str | None = None
     """Free the gathered parameters after forward; costs a second all-gather in backward.
-    False keeps them until backward (more memory, less communication)."""
+    False keeps them until backward (more memory, less communication). None: True under FSDP2;
+    under FSDP1 a sharding strategy's name (as `sharding_strategy`), default "FULL_SHARD"."""
     mixed_precision_policy: Any = None
     """A `torch.distributed.fsdp.MixedPrecisionPolicy`, or a dict of its fields (dtypes may
     be names like "bfloat16"). None: from the Accelerator's `mixed_precision` (bf16 ->
@@ -93,29 +100,38 @@ class FSDPConfig:
     extra_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed through to every `fully_shard` call (e.g. `shard_placement_fn`)."""
     sharding_strategy: Any = None
-    """FSDP1's name, deprecated upstream: "FULL_SHARD" (1) means `reshard_after_forward=True`,
-    "SHARD_GRAD_OP" (2) `False`; "NO_SHARD" is the ddp strategy and "HYBRID_SHARD" is
-    `ParallelismConfig(dp_replicate_size=..., dp_shard_size=...)` (both refused, saying so)."""
+    """FSDP1: "FULL_SHARD" (default), "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" or "_HYBRID_SHARD_ZERO2"
+    (shard within a node, replicate across nodes), as names, numbers or torch's enum; `reshard_after_forward`
+    may carry the same name. Under FSDP2: "FULL_SHARD" means `reshard_after_forward=True`, "SHARD_GRAD_OP"
+    `False`; "NO_SHARD" (the ddp strategy) and hybrid sharding (`ParallelismConfig(dp_replicate_size=...,
+    dp_shard_size=...)`) are refused, saying so."""
     backward_prefetch: Any = None
-    """FSDP1 only: FSDP2 always prefetches the next unit in backward (ignored with a warning)."""
+    """FSDP1: "BACKWARD_PRE", "BACKWARD_POST" or None. Under FSDP2 (which always prefetches the next unit in
+    backward) ignored with Accelerate's warning."""
     forward_prefetch: Any = None
-    """FSDP1 only: refused, as Accelerate does under FSDP2."""
+    """FSDP1: prefetch the next unit's all-gather in forward. Refused under FSDP2, as Accelerate does."""
     ignored_modules: Any = None
     """Modules (or a regex of module names) whose parameters FSDP2 leaves unsharded (`ignored_params`)."""
     state_dict_config: Any = None
-    """FSDP1 only: `state_dict_type` decides what is written (ignored with a warning)."""
+    """FSDP1: torch's `FullStateDictConfig` / `ShardedStateDictConfig` for the wrapper's own `state_dict()`
+    (`save_state` picks its own; `state_dict_type` decides what it writes). Under FSDP2 ignored with a warning."""
     optim_state_dict_config: Any = None
-    """FSDP1 only, as `state_dict_config`."""
+    """FSDP1: as `state_dict_config`, for `FSDP.optim_state_dict`."""
     limit_all_gathers: bool = True
-    """FSDP1 only: FSDP2 always limits in-flight all-gathers."""
+    """FSDP1: rate-limit in-flight all-gathers (FSDP2 always does)."""
     use_orig_params: bool | None = None
-    """FSDP1 only: FSDP2 always trains the original parameters (ignored with a warning)."""
+    """FSDP1: False (default) flattens each unit's parameters into one tensor the optimizer trains (each
+    optimizer group must hold whole units); True keeps the original parameters. FSDP2 always trains the
+    original parameters (ignored with Accelerate's warning)."""
     param_init_fn: Any = None
-    """FSDP1 only: refused; FSDP2 builds ranks > 0 from rank 0's weights with `cpu_ram_efficient_loading=True`."""
+    """FSDP1: called on modules on the meta device to materialise them. Refused under FSDP2, which builds
+    ranks > 0 from rank 0's weights with `cpu_ram_efficient_loading=True`."""
     sync_module_states: bool | None = None
-    """FSDP1 only: use `cpu_ram_efficient_loading=True` to start every rank from rank 0's weights."""
+    """FSDP1: every rank starts from rank 0's parameters and buffers. Under FSDP2 use
+    `cpu_ram_efficient_loading=True` (ignored with Accelerate's warning)."""
     activation_checkpointing_offload: bool = False
-    """Not supported on FSDP2 in accel: refused when True (use `activation_checkpointing` or `cpu_offload`)."""
+    """Refused when True: Accelerate needs FSDP2 for it, and accel's FSDP2 does not offload activations (use
+    `activation_checkpointing` or `cpu_offload`)."""
     cpu_ram_efficient_loading: bool = False
     """Rank 0's weights are the run's: other ranks drop theirs to the meta device before sharding and
     receive their shards from rank 0 by broadcast. To save host memory, build the model on the meta device
@@ -127,12 +143,14 @@ class FSDPConfig:
     the N-D mesh to shard over (HSDP, FSDP2 x TP). None: one dimension of every process."""
 
     def __post_init__(self) -> None:
-        if self.fsdp_version != 2:
+        if self.fsdp_version not in (1, 2):
             raise ValueError(
-                f"fsdp_version={self.fsdp_version} is not supported: accel implements FSDP2 only. "
-                "Use fsdp_version=2 (FSDP1 is deprecated in PyTorch)."
+                f"fsdp_version must be 1 (FullyShardedDataParallel) or 2 (fully_shard); got {self.fsdp_version!r}."
             )
-        self._fsdp1_options()
+        if self.fsdp_version == 1:
+            fsdp1.normalise_fsdp1_options(self)
+        else:
+            self._fsdp1_options()
         self.set_state_dict_type(self.state_dict_type)
         if isinstance(self.transformer_cls_names_to_wrap, str):
             # Accelerate's form (and its config files'): one string of comma-separated class names.
@@ -163,6 +181,8 @@ class FSDPConfig:
                 raise ValueError(f"Unknown sharding_strategy {self.sharding_strategy!r}.")
             self.reshard_after_forward = name == "FULL_SHARD"
             notes.append("sharding_strategy is deprecated in favor of reshard_after_forward.")
+        if self.reshard_after_forward is None:
+            self.reshard_after_forward = True
         if isinstance(self.reshard_after_forward, str):
             value = self.reshard_after_forward.strip().lower()
             if value not in ("true", "false", "1", "0", "yes", "no"):
@@ -215,20 +235,28 @@ class FSDPConfig:
         """The `MixedPrecisionPolicy` for this config under the Accelerator's `mixed_precision`."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        policy = self.mixed_precision_policy
-        if isinstance(policy, MixedPrecisionPolicy):
-            return policy
-        if isinstance(policy, dict):
-            return MixedPrecisionPolicy(**{k: _dtype(v) for k, v in policy.items()})
+        policy = user_policy(self.mixed_precision_policy, MixedPrecisionPolicy)
         if policy is not None:
-            raise TypeError(
-                f"mixed_precision_policy must be a MixedPrecisionPolicy, a dict or None; got {type(policy).__name__}."
-            )
+            return policy
         dtype = _PRECISION_DTYPES.get(mixed_precision)
         if dtype is None:
             return MixedPrecisionPolicy()
         # Reducing gradients in fp32 keeps the sum over ranks as exact as a one-process backward.
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+    def fsdp1_mixed_precision(self, mode: str) -> Any:
+        """FSDP1's `MixedPrecision` for this config under the Accelerator's `mixed_precision` (None: full precision).
+
+        As Accelerate's FSDP1 path: bf16/fp16 keep parameters, gradient reduction and buffers in that dtype.
+        A `mixed_precision_policy` of the user's (a `MixedPrecision` or a dict of its fields) wins.
+        """
+        from torch.distributed.fsdp import MixedPrecision
+
+        policy = user_policy(self.mixed_precision_policy, MixedPrecision, "Under fsdp_version=1, ")
+        if policy is not None:
+            return policy
+        dtype = _PRECISION_DTYPES.get(mode)
+        return None if dtype is None else MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
     def offload_policy(self, device: torch.device) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
@@ -237,6 +265,22 @@ class FSDPConfig:
             return OffloadPolicy()
         pin = device.type != "cpu" if self.pin_memory is None else self.pin_memory
         return CPUOffloadPolicy(pin_memory=pin)
+
+
+def user_policy(policy: Any, kind: type, prefix: str = "") -> Any:
+    """The user's `mixed_precision_policy` as a `kind` (given as one, or as a dict of its fields whose dtypes
+    may be names); None when unset.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if policy is None or isinstance(policy, kind):
+        return policy
+    if isinstance(policy, dict):
+        return kind(**{k: _dtype(v) for k, v in policy.items()})
+    raise TypeError(
+        f"{prefix}mixed_precision_policy must be a {kind.__name__}, a dict or None; got {type(policy).__name__}."
+    )
 
 
 def _dtype(value: Any) -> Any:
@@ -302,6 +346,8 @@ def _size_based(model: nn.Module, modules: list[nn.Module], min_num_params: int)
 class FSDP2Strategy(Strategy):
     """Shard models with `fully_shard` over a one-dimensional device mesh of all processes.
 
+    An `FSDPConfig(fsdp_version=1)` gets the FSDP1 subclass (`FSDP1Strategy`) instead.
+
     The device type of the mesh comes from the adapter (`ctx.device`), so the same code
     runs on any accelerator whose collective backend torch supports. With one process the
     model is left as it is.
@@ -309,6 +355,11 @@ class FSDP2Strategy(Strategy):
 
     name: ClassVar[str] = "fsdp2"
     compiles_regions_in_place: ClassVar[bool] = True
+
+    def __new__(cls, config: Any = None) -> FSDP2Strategy:
+        if cls is FSDP2Strategy and isinstance(config, FSDPConfig) and config.fsdp_version == 1:
+            cls = FSDP1Strategy
+        return super().__new__(cls)
 
     def __init__(self, config: Any = None) -> None:
         from .parallelism_config import ParallelismConfig
@@ -521,6 +572,147 @@ class FSDP2Strategy(Strategy):
 
         load_models_and_optimizers(prepared, ctx, directory, strict=strict)
         return True
+
+
+class FSDP1Strategy(FSDP2Strategy):
+    """Shard models with torch's `FullyShardedDataParallel` (FSDP1), as `FSDPConfig(fsdp_version=1)` asks.
+
+    The prepared model is the `FullyShardedDataParallel` wrapper (`unwrap_model` gives the module inside, its
+    units still wrapped, as in Accelerate). Gradient clipping runs through the root's `clip_grad_norm_` (the norm
+    over every shard), gradient accumulation through its `no_sync`.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self._roots: list[weakref.ref[nn.Module]] = []
+        self._flat_of: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+
+    def build_mesh(self, facts: MeshFacts, pc: ParallelismConfig | None = None) -> None:
+        """FSDP1 shards over every process (or hybrid: within nodes, replicated across them); an N-D
+        `parallelism_config` that splits the run otherwise is FSDP2's.
+
+        Raises:
+            ValueError: a parallelism config with tensor, context or replica dimensions.
+        """
+        config = self.parallelism if self.parallelism is not None else pc
+        if config is not None and (config.tp_enabled or config.cp_enabled or (config.dp_replicate_size or 1) > 1):
+            raise ValueError(
+                "parallelism_config (tensor, context parallelism or dp_replicate_size) composes with FSDP2 only: "
+                "set fsdp_version=2, or use sharding_strategy='HYBRID_SHARD' for FSDP1's replicas across nodes."
+            )
+        self._bound = True
+
+    def _device_mesh(self, ctx: RunContext) -> Any:
+        """The mesh FSDP1 shards over: every process, or (nodes, processes per node) for hybrid sharding."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not self.config.sharding_strategy.startswith(("HYBRID", "_HYBRID")):
+            return self.mesh(ctx.device, ctx.num_processes)
+        per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.num_processes)))
+        if ctx.num_processes % per_node:
+            raise ValueError(
+                f"{self.config.sharding_strategy} needs the same number of processes on every node; got "
+                f"{ctx.num_processes} processes with {per_node} on this node."
+            )
+        if self._mesh is None:
+            self._mesh = init_device_mesh(
+                ctx.device.type, (ctx.num_processes // per_node, per_node), mesh_dim_names=("replicate", "shard")
+            )
+        return self._mesh
+
+    def wrap_model(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        from torch.distributed.fsdp import (
+            BackwardPrefetch,
+            CPUOffload,
+            ShardingStrategy,
+        )
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel as FSDP,
+        )
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        if not ctx.use_distributed or isinstance(model, FSDP):
+            return model
+        config = self.config
+        before = {name: p for name, p in model.named_parameters()}
+        targets = wrap_targets(model, config)
+        if config.activation_checkpointing:
+            targets = _apply_activation_checkpointing(model, targets)
+        if config.sync_module_states:
+            fsdp1.broadcast_from_main(model, ctx.device)
+        wanted = {id(m) for m in targets}
+        ignored = _ignored_params(model, config.ignored_modules)
+        ignored_modules = [m for m in model.modules() if any(p in ignored for p in m.parameters(recurse=False))]
+        fsdp = FSDP(
+            model,
+            sharding_strategy=ShardingStrategy[config.sharding_strategy],
+            auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in wanted)
+            if wanted
+            else None,
+            backward_prefetch=None if config.backward_prefetch is None else BackwardPrefetch[config.backward_prefetch],
+            forward_prefetch=config.forward_prefetch,
+            limit_all_gathers=bool(config.limit_all_gathers),
+            use_orig_params=bool(config.use_orig_params),
+            # On a host-memory device the shards already live in host memory; torch's offload would pin memory,
+            # which needs an accelerator.
+            cpu_offload=CPUOffload(offload_params=True) if config.cpu_offload and ctx.device.type != "cpu" else None,
+            mixed_precision=config.fsdp1_mixed_precision(ctx.mixed_precision),
+            param_init_fn=config.param_init_fn,
+            ignored_modules=ignored_modules or None,
+            device_id=ctx.device,
+            device_mesh=self._device_mesh(ctx),
+            **config.extra_kwargs,
+        )
+        fsdp1.set_state_dict_type(fsdp, config, ctx.device)
+        self._roots.append(weakref.ref(fsdp))
+        if not config.use_orig_params:
+            self._flat_of.update(fsdp1.flat_parameters_of(fsdp, before))
+        return fsdp
+
+    def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
+        """Point the group's optimizers at the flat parameters (use_orig_params=False); each parameter group
+        keeps its options.
+
+        Raises:
+            ValueError: one unit's parameters are split over several parameter groups.
+            PrepareError: the optimizer already has state (it stepped before `prepare`).
+        """
+        if self._flat_of:
+            for optimizer in group.optimizers:
+                fsdp1.repoint_to_flat(getattr(optimizer, "optimizer", optimizer), self._flat_of)
+        return group
+
+    def grad_scaler(self, scaler: Any) -> Any:
+        """fp16: torch's `ShardedGradScaler` with the adapter's settings (`fsdp1.sharded_grad_scaler`)."""
+        return fsdp1.sharded_grad_scaler(scaler)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        while isinstance(model, FSDP):
+            model = model.module
+        return model
+
+    def is_wrapped(self, model: nn.Module) -> bool:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return isinstance(model, FSDP)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return model.no_sync() if isinstance(model, FSDP) else contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
+        """The root wrapper's `clip_grad_norm_` (the norm over every rank's shards) for the model these
+        parameters belong to; None for parameters of no FSDP1 model (the plain path)."""
+        wanted = {id(p) for p in parameters}
+        for ref in self._roots:
+            root = ref()
+            if root is not None and wanted & {id(p) for p in root.parameters()}:
+                norm: torch.Tensor = root.clip_grad_norm_(max_norm, norm_type)  # type: ignore[operator]
+                return norm
+        return None
 
 
 def _build_nd_mesh(pc: ParallelismConfig, facts: MeshFacts) -> DeviceMesh | None:

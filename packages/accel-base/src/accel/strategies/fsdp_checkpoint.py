@@ -25,6 +25,7 @@ from ..checkpoint.optimizer_keys import parameter_names, rekey
 from ..checkpoint.validate import check_model_state, check_optimizer_state, read_sharded
 from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
+from .fsdp1 import check_flat_optimizer_state, flat_group_names
 
 if TYPE_CHECKING:
     from ..prepare.prepared import Prepared, RunContext
@@ -40,13 +41,20 @@ def state_dict_options(**kwargs: Any) -> Any:
 def _is_fsdp(model: nn.Module) -> bool:
     """Whether `model` is sharded (FSDP2 units, or tensor-parallel DTensor weights)."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
     from torch.distributed.tensor import DTensor
 
-    return (
-        isinstance(model, FSDPModule)
-        or any(isinstance(m, FSDPModule) for m in model.modules())
-        or any(isinstance(p, DTensor) for p in model.parameters())
+    return any(isinstance(m, (FSDPModule, FSDP1)) for m in model.modules()) or any(
+        isinstance(p, DTensor) for p in model.parameters()
     )
+
+
+def _host_copy(model: nn.Module) -> bool:
+    """Whether a full state dict is copied to host memory (`cpu_offload`). Not for FSDP1 units already there:
+    torch's copy of host shards into host memory crashes the process (torch 2.13, gloo)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    return not any(isinstance(m, FSDP1) and getattr(m.compute_device, "type", None) == "cpu" for m in model.modules())
 
 
 def gather_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -54,7 +62,7 @@ def gather_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state: dict[str, Any] = get_model_state_dict(
-        model, options=state_dict_options(full_state_dict=True, cpu_offload=True)
+        model, options=state_dict_options(full_state_dict=True, cpu_offload=_host_copy(model))
     )
     return state
 
@@ -123,7 +131,7 @@ def save_models_and_optimizers(
                 inner.state_dict()
                 if owner is None
                 else get_optimizer_state_dict(
-                    owner, inner, options=state_dict_options(full_state_dict=True, cpu_offload=True)
+                    owner, inner, options=state_dict_options(full_state_dict=True, cpu_offload=_host_copy(owner))
                 )
             )
             if writer:
@@ -204,11 +212,17 @@ def _read_and_check(prepared: Prepared, directory: Path, strict: bool) -> dict[s
         else:
             path = directory / _file("optimizer", i, "bin")
             saved = ckpt.load_torch(path, map_location="cpu", sha256=hashes.get(path.name))
+        full_shapes = None if owner is None else {k: v.shape for k, v in shapes[id(owner)].items()}
+        flat_groups = None if owner is None else flat_group_names(inner, strip_compile(owner))
+        if flat_groups is not None:  # FSDP1's flat parameters: torch maps the named state onto them
+            check_flat_optimizer_state(saved, flat_groups, full_shapes or {}, path)
+            plan["optimizers"].append({**entry, "state": saved})
+            continue
         # FSDP2 loads a full optimizer state keyed by parameter name, a plain optimizer one keyed by position;
         # the checkpoint may hold either (saved sharded or full, or by one process or DDP).
         modules = [strip_compile(owner)] if owner is not None else [strip_compile(m) for m in prepared.models]
         state = rekey(saved, inner, parameter_names(inner, modules), by_name=owner is not None, path=path)
-        check_optimizer_state(inner, state, path)
+        check_optimizer_state(inner, state, path, full_shapes)
         plan["optimizers"].append({**entry, "state": state})
     return plan
 
