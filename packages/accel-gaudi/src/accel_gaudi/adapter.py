@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from accel.settings.kwargs import TorchDynamoPlugin
 
 
+OPTIMUM_HABANA_VERSION = "1.19.0"
+"""The optimum-habana release whose `GaudiAccelerator` this adapter follows (and later ones up to 1.20): from
+1.19 on it delegates `prepare_model` to Accelerate, which places the model on the device whenever
+`device_placement` is True (the default), in multi-HPU training too (optimum-habana commit 9e82d818d)."""
+
 SPAWN_WORKERS_ABOVE = 8
 """World sizes above this get `spawn` data-loader workers (Gaudi's `WORLD_SIZE > 8` rule)."""
 
@@ -109,15 +114,6 @@ class GaudiAdapter(Adapter):
         return self._lazy
 
     # ---- prepare --------------------------------------------------------------------------
-    def places_model(self, ctx: RunContext) -> bool:
-        """Gaudi's own placement rule: by default a model is not moved in multi-HPU training (the script
-        places it), but a placement asked for in the call (`prepare(..., device_placement=[True, ...])`,
-        `prepare_model(model, device_placement=True)`) is honoured there too;
-        `Accelerator(device_placement=...)` is the default, not a request. A model left on the host under
-        DDP or fast_ddp is refused by the core (`Strategy.needs_model_on_device`)."""
-        training_distributed = ctx.use_distributed and not ctx.evaluation_mode
-        return ctx.device_placement and (ctx.device_placement_requested or not training_distributed)
-
     def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
         """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
         than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
