@@ -114,21 +114,6 @@ class GaudiAdapter(Adapter):
         return self._lazy
 
     # ---- prepare --------------------------------------------------------------------------
-    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
-        """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
-        than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
-        processes and no multiprocessing context of its own gets the `spawn` context."""
-        if ctx.num_processes <= SPAWN_WORKERS_ABOVE:
-            return
-        for obj in objects:
-            if (
-                isinstance(obj, torch.utils.data.DataLoader)
-                and obj.num_workers > 0
-                and obj.multiprocessing_context is None
-                and not getattr(obj, "_is_accelerate_prepared", False)
-            ):
-                obj.multiprocessing_context = multiprocessing.get_context("spawn")
-
     def optimize_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """`use_hpu_graphs_for_training`: a model prepared for training is wrapped in Habana's `ModuleCacher`
         (in place, before precision and the strategy, once), as optimum-habana's Trainer wraps it before
@@ -232,6 +217,21 @@ class GaudiAdapter(Adapter):
                     f"({getattr(entry, 'deprecation_message', '') or 'removed'}); drop the Gaudi option {name}."
                 )
             setattr(dynamo_config, name, value)
+
+    def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
+        """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more than
+        `SPAWN_WORKERS_ABOVE` processes, a data loader with worker processes and no multiprocessing context of
+        its own gets `spawn` workers, whether it reaches `prepare` or `prepare_data_loader` (the user's loader is
+        left as it is; optimum-habana sets the context on it, and replaces one the loader had)."""
+        loader = ctx.data_loader
+        if (
+            ctx.num_processes > SPAWN_WORKERS_ABOVE
+            and loader is not None
+            and loader.num_workers > 0
+            and loader.multiprocessing_context is None
+        ):
+            return {"multiprocessing_context": multiprocessing.get_context("spawn")}
+        return {}
 
     def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Regional compilation as this adapter has always done it: each child of every `ModuleList` compiled
