@@ -6,6 +6,8 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import multiprocessing
@@ -15,8 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.adapter.options import AdapterOptionsError
 from accel.errors import CompileNotSupportedError
 
+from .autocast_ops import declared_lists, same_lists, write_op_lists
 from .options import GaudiOptions
 from .precision import GaudiPrecision
 
@@ -73,6 +77,50 @@ class GaudiAdapter(Adapter):
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
         self._lazy: bool | None = None
+        self._declare_autocast_ops()
+
+    def _declare_autocast_ops(self) -> None:
+        """optimum-habana's `declare_autocast_bf16_fp32_ops`: with both `autocast_bf16_ops` and
+        `autocast_fp32_ops`, the lists are written to files and `PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST` /
+        `PT_HPU_AUTOCAST_FP32_OPS_LIST` name them, before Habana's autocast reads them. Lists already declared
+        (by `accel launch`, or an earlier Accelerator) are left as they are.
+
+        Raises:
+            AdapterOptionsError: other lists than the ones the bridge has already read (it reads them once: on
+                Gaudi when it loads, which happens before the adapter is built unless `accel launch` passed them).
+        """
+        lists = self.config.autocast_op_lists
+        if lists is None or same_lists(declared_lists(os.environ), lists):
+            return
+        if self.vendor.autocast_lists_loaded():
+            raise AdapterOptionsError(
+                "autocast_bf16_ops / autocast_fp32_ops come too late: Habana's bridge has already read its autocast "
+                "op lists in this process. Pass them to `accel launch --autocast-bf16-ops ... --autocast-fp32-ops ...` "
+                "(or set PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST / PT_HPU_AUTOCAST_FP32_OPS_LIST to files listing "
+                "them before the process starts)."
+            )
+        os.environ.update(write_op_lists(*lists))
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        """The options' variables for the workers; with both autocast op lists, also the files that declare
+        them to Habana's bridge (`PT_HPU_AUTOCAST_*_OPS_LIST`), written by the launcher so that the workers
+        have them before the bridge loads."""
+        env = super().launch_env(args)
+        lists = GaudiOptions.from_env(env).autocast_op_lists
+        if lists is not None:
+            env.update(write_op_lists(*lists))
+        return env
+
+    def autocast(
+        self, precision: str, *, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Habana's autocast (`torch.autocast("hpu")`, which applies the declared op lists) through the vendor
+        module; a null context for "no"."""
+        context = super().autocast(precision, enabled=enabled, cache_enabled=cache_enabled)
+        if isinstance(context, contextlib.nullcontext):
+            return context
+        return self.vendor.autocast(context)  # type: ignore[no-any-return]
 
     # ---- discovery and device -----------------------------------------------------------
     @classmethod
