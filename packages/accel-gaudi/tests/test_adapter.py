@@ -75,26 +75,25 @@ def test_single_process_places_the_model():
     assert model.weight.device.type == "meta"
 
 
-def test_multi_process_training_does_not_move_and_says_so():
-    model = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"does not move models.*\['cpu'\].*model.to\(accelerator.device\)"):
-        walk(model, ctx(use_distributed=True, num_processes=2))
-    # Under a strategy that places by itself nothing is moved and nothing refused.
-    kept = walk(model, ctx(use_distributed=True, strategy=Strategy()))
-    assert kept is model and model.weight.device.type == "cpu"
-
-
-def test_multi_process_training_honours_a_requested_placement():
-    # optimum-habana's rule: only the default (`device_placement=None` in the call) skips the move in
-    # multi-HPU training; `prepare(..., device_placement=[True])` / `prepare_model(..., True)` moves.
+def test_multi_process_training_places_the_model_by_default_as_current_optimum_habana():
+    # optimum-habana >= 1.19 (GaudiAccelerator.prepare_model -> Accelerate's): `device_placement` True,
+    # the default, moves the model in multi-HPU training too; the pre-1.19 no-move rule is gone.
     adapter = GaudiAdapter(emulate=True)
-    multi = {"use_distributed": True, "num_processes": 2, "strategy": Strategy()}
-    moved = walk(nn.Linear(2, 2), ctx(adapter, device_placement_requested=True, **multi))
-    assert moved.weight.device.type == "meta"
-    kept = walk(nn.Linear(2, 2), ctx(adapter, device_placement_requested=False, **multi))
-    assert kept.weight.device.type == "cpu"
-    refused = walk(nn.Linear(2, 2), ctx(adapter, device_placement=False, device_placement_requested=True, **multi))
-    assert refused.weight.device.type == "cpu"
+    multi = {"use_distributed": True, "num_processes": 2}
+    moved = walk(nn.Linear(2, 2), ctx(adapter, **multi))
+    assert {p.device.type for p in moved.parameters()} == {"meta"}
+    moved = walk(nn.Linear(2, 2), ctx(adapter, strategy=Strategy(), device_placement_requested=True, **multi))
+    assert {p.device.type for p in moved.parameters()} == {"meta"}
+
+
+def test_device_placement_false_leaves_the_model_where_it_is():
+    adapter = GaudiAdapter(emulate=True)
+    multi = {"use_distributed": True, "num_processes": 2, "device_placement": False}
+    kept = walk(nn.Linear(2, 2), ctx(adapter, strategy=Strategy(), **multi))
+    assert {p.device.type for p in kept.parameters()} == {"cpu"}
+    # Under DDP the replicas must start on the device: the core refuses the model left on the host.
+    with pytest.raises(ValueError, match=r"parameters on \['cpu'\].*model.to\(accelerator.device\)"):
+        walk(nn.Linear(2, 2), ctx(adapter, **multi))
 
 
 def test_evaluation_mode_places_and_applies_only_precision():

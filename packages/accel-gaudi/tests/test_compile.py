@@ -147,3 +147,44 @@ def test_inline_inbuilt_nn_modules_is_set_or_refused_by_name(inline, monkeypatch
     else:  # and cannot honour False
         with pytest.raises(CompileNotSupportedError, match=r"^inline_inbuilt_nn_modules=False: torch .* no longer has"):
             Accelerator(adapter="gaudi", emulate=True, dynamo_backend="eager", adapter_options=options)
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether dynamo traced `gm` with symbolic (dynamic) input shapes."""
+    values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    return any(isinstance(s, torch.SymInt) for v in values if isinstance(v, torch.Tensor) for s in v.shape)
+
+
+@pytest.mark.parametrize("source", ["plugin", "accelerate_env"])
+@pytest.mark.parametrize(("mode", "dynamic"), [("max-autotune-no-cudagraphs", True), ("reduce-overhead", False)])
+def test_compile_mode_and_dynamic_reach_torch_compile(source, mode, dynamic, monkeypatch):
+    # optimum-habana's `torch_compile_mode` / `compile_dynamic` go to Accelerate's dynamo plugin; here the
+    # plugin's (or ACCELERATE_DYNAMO_MODE / ACCELERATE_DYNAMO_USE_DYNAMIC's) mode and dynamic, as torch.compile
+    # hands them to the adapter's backend: `mode` as its keyword, `dynamic` as symbolic shapes in the graph.
+    received = []
+
+    def recording_backend(gm, example_inputs, **kwargs):
+        received.append((kwargs, _symbolic(gm)))
+        return gm.forward
+
+    monkeypatch.setattr(hpu_emulated, "COMPILE_BACKEND", recording_backend)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    torch._dynamo.reset()
+    if source == "plugin":
+        acc = Accelerator(
+            adapter="gaudi",
+            emulate=True,
+            dynamo_plugin=TorchDynamoPlugin(backend="default", mode=mode, dynamic=dynamic),
+        )
+    else:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "default")
+        monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", mode)
+        monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", str(dynamic).lower())
+        acc = Accelerator(adapter="gaudi", emulate=True)
+    model = acc.prepare(nn.Linear(3, 2))
+    with torch.no_grad():
+        for rows in (4, 5):
+            assert model(torch.ones(rows, 3)).shape == (rows, 2)
+    # dynamic: one graph for both batch sizes; static: a graph per shape, none symbolic.
+    assert received == ([({"mode": mode}, True)] if dynamic else [({"mode": mode}, False)] * 2)
+    torch._dynamo.reset()

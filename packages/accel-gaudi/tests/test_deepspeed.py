@@ -8,6 +8,7 @@ Needs DeepSpeed (accel-base's `deepspeed` extra): runs in the `deepspeed` nox se
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -122,9 +123,12 @@ def test_zero2_on_emulated_gaudi_clips_at_1_by_default(launch, write_script):
     print("\n".join(line for line in out.splitlines() if line.startswith(("RESULT", "DONE"))))  # shown with -s
 
 
-def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch):
-    """One process: `--fp8` with bf16 converts the Linears before `deepspeed.initialize`, the
-    engine trains Habana's FusedAdamW (emulated), and DEEPSPEED_USE_HPU is set for Habana's fork."""
+@pytest.mark.parametrize("how", ["mixed_precision_fp8", "fp8_option_with_bf16"])
+def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch, how):
+    """One process: `mixed_precision="fp8"` (as optimum-habana: Accelerate's bf16 engine, the model converted
+    before `deepspeed.initialize`) or `--fp8` with bf16 converts the Linears before the engine is built, the
+    engine runs in bf16 and trains Habana's FusedAdamW (emulated) with the forward in fp8, and
+    DEEPSPEED_USE_HPU is set for Habana's fork."""
     import torch
     from accel import Accelerator
     from accel.state import AcceleratorState, GradientState
@@ -135,24 +139,33 @@ def test_fp8_layers_fused_adamw_and_the_hpu_switch_reach_the_engine(monkeypatch)
     monkeypatch.delenv("DEEPSPEED_USE_HPU", raising=False)
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    precision = {"mixed_precision": "fp8"} if how == "mixed_precision_fp8" else {"mixed_precision": "bf16"}
+    options = {} if how == "mixed_precision_fp8" else {"fp8": True}
     acc = Accelerator(
-        mixed_precision="bf16",
+        **precision,
         adapter="gaudi",
         emulate=True,
         deepspeed_plugin=DeepSpeedPlugin(zero_stage=1),
-        adapter_options={"fp8": True},
+        adapter_options=options,
     )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    plain = copy.deepcopy(model).to(torch.bfloat16)
     loader = torch.utils.data.DataLoader(list(range(4)), batch_size=4)
     engine, opt, _ = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader)
     assert os.environ["DEEPSPEED_USE_HPU"] == "true"
+    assert engine.bfloat16_enabled() and not engine.fp16_enabled()
     inner = engine.module
     assert hpu_emulated.is_fp8_linear(inner[0]) and hpu_emulated.is_fp8_linear(inner[2])
+    assert {p.dtype for p in engine.parameters()} == {torch.bfloat16}
     assert isinstance(engine.optimizer.optimizer, hpu_emulated.EmulatedFusedAdamW), type(engine.optimizer)
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.no_grad():
+        # The forward quantises to fp8: near the plain bf16 model's output, not equal to it.
+        fp8_out, bf16_out = engine(x).float(), plain(x).float()
+    assert not torch.equal(fp8_out, bf16_out) and torch.allclose(fp8_out, bf16_out, atol=0.1, rtol=0.1)
     before = [p.detach().float().clone() for p in engine.parameters()]
-    acc.backward(engine(x.to(torch.bfloat16)).float().square().mean())
+    acc.backward(engine(x).float().square().mean())
     opt.step()
     assert hpu_emulated.calls["fused_adamw_step"] >= 1
     assert any(not torch.equal(a, p.detach().float()) for a, p in zip(before, engine.parameters()))

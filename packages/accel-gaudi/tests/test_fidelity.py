@@ -250,36 +250,41 @@ def test_deepspeed_defaults_switch_habanas_deepspeed_to_hpu(monkeypatch):
 
 
 # ---- data loaders -------------------------------------------------------------------------------
-@pytest.mark.parametrize(("world", "workers", "spawned"), [(16, 2, True), (8, 2, False), (16, 0, False)])
-def test_large_worlds_give_data_loader_workers_the_spawn_context(world, workers, spawned):
-    from accel.prepare.context import PrepareContext
-    from accel.strategies.base import Strategy
+@pytest.fixture
+def world_of(monkeypatch):
+    """An Accelerator in a process group of `n` ranks, this process rank 0 (torch's single-process fake
+    backend: nothing else runs, and no collective is needed to prepare a loader)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=workers)
-    adapter = GaudiAdapter(emulate=True)
-    ctx = PrepareContext(
-        device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=world, adapter=adapter
-    )
-    adapter.before_prepare([loader], ctx)
-    context = loader.multiprocessing_context
+    def make(n: int) -> Accelerator:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+        return Accelerator(adapter="gaudi", emulate=True)
+
+    yield make
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("how", ["prepare", "prepare_data_loader"])
+@pytest.mark.parametrize(("world", "workers", "spawned"), [(16, 2, True), (8, 2, False), (16, 0, False)])
+def test_large_worlds_give_data_loader_workers_the_spawn_context(world_of, how, world, workers, spawned):
+    acc = world_of(world)
+    assert acc.num_processes == world
+    loader = torch.utils.data.DataLoader(list(range(64)), batch_size=2, num_workers=workers)
+    prepared = getattr(acc, how)(loader)
+    context = prepared.multiprocessing_context
     assert (context is not None and context.get_start_method() == "spawn") is spawned
     assert spawned or context is None
+    assert loader.multiprocessing_context is None  # the user's loader is not changed
 
 
-def test_a_loaders_own_multiprocessing_context_is_kept():
+def test_a_loaders_own_multiprocessing_context_is_kept(world_of):
     import multiprocessing
 
-    from accel.prepare.context import PrepareContext
-    from accel.strategies.base import Strategy
-
     forked = multiprocessing.get_context("forkserver")
-    loader = torch.utils.data.DataLoader(list(range(8)), num_workers=2, multiprocessing_context=forked)
-    adapter = GaudiAdapter(emulate=True)
-    ctx = PrepareContext(
-        device=torch.device("cpu"), device_placement=True, strategy=Strategy(), num_processes=16, adapter=adapter
-    )
-    adapter.before_prepare([loader], ctx)
-    assert loader.multiprocessing_context is forked
+    acc = world_of(16)
+    loader = torch.utils.data.DataLoader(list(range(64)), num_workers=2, multiprocessing_context=forked)
+    assert acc.prepare_data_loader(loader).multiprocessing_context is forked
 
 
 @pytest.mark.parametrize(

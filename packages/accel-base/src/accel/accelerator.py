@@ -495,7 +495,9 @@ class Accelerator(AcceleratorCompatMixin):
             non_blocking=config.non_blocking,
             gradient_state=self.gradient_state,
             stateful=config.use_stateful_dataloader,
-            extra_kwargs=self.adapter.prepare_data_loader_kwargs(self._run(device_placement=device_placement)),
+            extra_kwargs=self.adapter.prepare_data_loader_kwargs(
+                self._run(device_placement=device_placement, data_loader=data_loader)
+            ),
         )
         self._dataloaders.append(prepared)
         return prepared

@@ -52,6 +52,19 @@ def test_defaults_fill_everything_and_clip_at_one_as_accelerate_does():
     assert "bf16" not in config and "fp16" not in config
 
 
+def test_fp8_runs_the_engine_in_bf16_as_accelerate():
+    # Accelerate's DeepSpeedPlugin.set_mixed_precision: fp8 keeps bf16 for the engine (the converted layers
+    # compute in fp8); a config that turns bf16 off conflicts, naming both.
+    assert resolve_config(DeepSpeedPlugin(), values(mixed_precision="fp8"))["bf16"] == {"enabled": True}
+    auto = DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}})
+    config = resolve_config(auto, values(mixed_precision="fp8"))
+    assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+    with pytest.raises(
+        DeepSpeedConfigError, match=r"`bf16.enabled` is False but the Accelerator's mixed_precision is 'fp8'"
+    ):
+        resolve_config(DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": False}}), values(mixed_precision="fp8"))
+
+
 def test_auto_values_are_filled_from_the_accelerator():
     user = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -242,8 +255,6 @@ def test_plugin_validation_and_config_file_errors(tmp_path: Path):
     bad.write_text("{not json")
     with pytest.raises(DeepSpeedConfigError, match="is not valid JSON"):
         DeepSpeedPlugin(hf_ds_config=bad)
-    with pytest.raises(DeepSpeedConfigError, match="fp8"):
-        resolve_config(DeepSpeedPlugin(), values(mixed_precision="fp8"))
 
 
 def test_prepare_rules_with_the_seed_messages():

@@ -6,6 +6,8 @@ under emulation); the decisions here are the same either way.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import multiprocessing
@@ -15,8 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.adapter.options import AdapterOptionsError
 from accel.errors import CompileNotSupportedError
 
+from .autocast_ops import declared_lists, same_lists, write_op_lists
 from .options import GaudiOptions
 from .precision import GaudiPrecision
 
@@ -24,6 +28,11 @@ if TYPE_CHECKING:
     from accel.prepare.context import RunContext
     from accel.settings.kwargs import TorchDynamoPlugin
 
+
+OPTIMUM_HABANA_VERSION = "1.19.0"
+"""The optimum-habana release whose `GaudiAccelerator` this adapter follows (and later ones up to 1.20): from
+1.19 on it delegates `prepare_model` to Accelerate, which places the model on the device whenever
+`device_placement` is True (the default), in multi-HPU training too (optimum-habana commit 9e82d818d)."""
 
 SPAWN_WORKERS_ABOVE = 8
 """World sizes above this get `spawn` data-loader workers (Gaudi's `WORLD_SIZE > 8` rule)."""
@@ -68,6 +77,50 @@ class GaudiAdapter(Adapter):
     def __init__(self, *, emulate: bool = False, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(emulate=emulate, options=options)
         self._lazy: bool | None = None
+        self._declare_autocast_ops()
+
+    def _declare_autocast_ops(self) -> None:
+        """optimum-habana's `declare_autocast_bf16_fp32_ops`: with both `autocast_bf16_ops` and
+        `autocast_fp32_ops`, the lists are written to files and `PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST` /
+        `PT_HPU_AUTOCAST_FP32_OPS_LIST` name them, before Habana's autocast reads them. Lists already declared
+        (by `accel launch`, or an earlier Accelerator) are left as they are.
+
+        Raises:
+            AdapterOptionsError: other lists than the ones the bridge has already read (it reads them once: on
+                Gaudi when it loads, which happens before the adapter is built unless `accel launch` passed them).
+        """
+        lists = self.config.autocast_op_lists
+        if lists is None or same_lists(declared_lists(os.environ), lists):
+            return
+        if self.vendor.autocast_lists_loaded():
+            raise AdapterOptionsError(
+                "autocast_bf16_ops / autocast_fp32_ops come too late: Habana's bridge has already read its autocast "
+                "op lists in this process. Pass them to `accel launch --autocast-bf16-ops ... --autocast-fp32-ops ...` "
+                "(or set PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST / PT_HPU_AUTOCAST_FP32_OPS_LIST to files listing "
+                "them before the process starts)."
+            )
+        os.environ.update(write_op_lists(*lists))
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        """The options' variables for the workers; with both autocast op lists, also the files that declare
+        them to Habana's bridge (`PT_HPU_AUTOCAST_*_OPS_LIST`), written by the launcher so that the workers
+        have them before the bridge loads."""
+        env = super().launch_env(args)
+        lists = GaudiOptions.from_env(env).autocast_op_lists
+        if lists is not None:
+            env.update(write_op_lists(*lists))
+        return env
+
+    def autocast(
+        self, precision: str, *, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Habana's autocast (`torch.autocast("hpu")`, which applies the declared op lists) through the vendor
+        module; a null context for "no"."""
+        context = super().autocast(precision, enabled=enabled, cache_enabled=cache_enabled)
+        if isinstance(context, contextlib.nullcontext):
+            return context
+        return self.vendor.autocast(context)  # type: ignore[no-any-return]
 
     # ---- discovery and device -----------------------------------------------------------
     @classmethod
@@ -109,30 +162,6 @@ class GaudiAdapter(Adapter):
         return self._lazy
 
     # ---- prepare --------------------------------------------------------------------------
-    def places_model(self, ctx: RunContext) -> bool:
-        """Gaudi's own placement rule: by default a model is not moved in multi-HPU training (the script
-        places it), but a placement asked for in the call (`prepare(..., device_placement=[True, ...])`,
-        `prepare_model(model, device_placement=True)`) is honoured there too;
-        `Accelerator(device_placement=...)` is the default, not a request. A model left on the host under
-        DDP or fast_ddp is refused by the core (`Strategy.needs_model_on_device`)."""
-        training_distributed = ctx.use_distributed and not ctx.evaluation_mode
-        return ctx.device_placement and (ctx.device_placement_requested or not training_distributed)
-
-    def before_prepare(self, objects: list[Any], ctx: RunContext) -> None:
-        """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more
-        than `SPAWN_WORKERS_ABOVE` processes, a data loader passed to `prepare` with worker
-        processes and no multiprocessing context of its own gets the `spawn` context."""
-        if ctx.num_processes <= SPAWN_WORKERS_ABOVE:
-            return
-        for obj in objects:
-            if (
-                isinstance(obj, torch.utils.data.DataLoader)
-                and obj.num_workers > 0
-                and obj.multiprocessing_context is None
-                and not getattr(obj, "_is_accelerate_prepared", False)
-            ):
-                obj.multiprocessing_context = multiprocessing.get_context("spawn")
-
     def optimize_model(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         """`use_hpu_graphs_for_training`: a model prepared for training is wrapped in Habana's `ModuleCacher`
         (in place, before precision and the strategy, once), as optimum-habana's Trainer wraps it before
@@ -236,6 +265,21 @@ class GaudiAdapter(Adapter):
                     f"({getattr(entry, 'deprecation_message', '') or 'removed'}); drop the Gaudi option {name}."
                 )
             setattr(dynamo_config, name, value)
+
+    def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
+        """Gaudi's workaround for worker crashes in multi-node runs (Habana issue SW-207456): on more than
+        `SPAWN_WORKERS_ABOVE` processes, a data loader with worker processes and no multiprocessing context of
+        its own gets `spawn` workers, whether it reaches `prepare` or `prepare_data_loader` (the user's loader is
+        left as it is; optimum-habana sets the context on it, and replaces one the loader had)."""
+        loader = ctx.data_loader
+        if (
+            ctx.num_processes > SPAWN_WORKERS_ABOVE
+            and loader is not None
+            and loader.num_workers > 0
+            and loader.multiprocessing_context is None
+        ):
+            return {"multiprocessing_context": multiprocessing.get_context("spawn")}
+        return {}
 
     def compile_regions(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Regional compilation as this adapter has always done it: each child of every `ModuleList` compiled

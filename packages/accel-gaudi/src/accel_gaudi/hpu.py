@@ -8,6 +8,7 @@ This module is imported only when the adapter runs on a Gaudi machine; it import
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import habana_frameworks.torch.core as htcore
@@ -52,6 +53,17 @@ def is_lazy() -> bool:
 def mark_step() -> None:
     """Cut the accumulated lazy graph here and launch it on the device."""
     htcore.mark_step()
+
+
+def autocast_lists_loaded() -> bool:
+    """Whether the bridge has read its autocast op lists: it reads `PT_HPU_AUTOCAST_*_OPS_LIST` once, when
+    `habana_frameworks.torch.core` loads (which importing this module did)."""
+    return "habana_frameworks.torch.core" in sys.modules
+
+
+def autocast(context: Any) -> Any:
+    """`torch.autocast("hpu", ...)` as it is: Habana's autocast applies its op lists itself."""
+    return context
 
 
 def get_rng_state() -> torch.Tensor:

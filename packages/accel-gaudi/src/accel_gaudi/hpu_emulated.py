@@ -19,6 +19,9 @@ import torch
 from accel.precision import fp8_emulation as f8
 from accel.testing.emulated import DeviceGenerators
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .autocast_ops import declared_lists
 
 COMPILE_BACKEND = "inductor"
 """hpu_backend exists only with the Habana bridge; inductor is torch's own CPU compiler."""
@@ -57,6 +60,66 @@ def is_lazy() -> bool:
 
 def mark_step() -> None:
     calls["mark_step"] += 1
+
+
+# ---- autocast: stands for Habana's HPU autocast and its op lists ---------------------------------
+
+_op_lists: list[tuple[frozenset[str], frozenset[str]] | None] = []
+"""The op lists as the bridge read them, once (empty: not read yet; [None]: none declared, torch's CPU lists)."""
+
+
+def _read_op_lists() -> tuple[frozenset[str], frozenset[str]] | None:
+    if not _op_lists:
+        declared = declared_lists(os.environ)
+        _op_lists.append(None if declared is None else (frozenset(declared[0]), frozenset(declared[1])))
+    return _op_lists[0]
+
+
+def autocast_lists_loaded() -> bool:
+    """Whether the emulated bridge has read `PT_HPU_AUTOCAST_*_OPS_LIST` (at its first autocast; the real one
+    reads them when it loads)."""
+    return bool(_op_lists)
+
+
+def autocast(context: Any) -> Any:
+    """Habana's autocast for `context` (a `torch.autocast` on the CPU). With declared op lists, ops in the bf16
+    list run in the autocast dtype, ops in the fp32 list in fp32 and the rest in their inputs' dtype (the lists
+    replace the defaults, as on the device); without, torch's CPU autocast stands for Habana's default lists."""
+    lists = _read_op_lists()
+    if lists is None:
+        return context
+    return OpListAutocast(context.fast_dtype, lower=lists[0], fp32=lists[1])
+
+
+class OpListAutocast(TorchFunctionMode):
+    """Autocast by op name: each torch function or tensor method called under it is looked up by its name
+    (dunders stripped: `__truediv__` is "truediv", `__iadd__` "iadd"); the floating-point tensors it takes are
+    cast to `dtype` for a name in `lower`, to fp32 for a name in `fp32`. An in-place op keeps its own tensor."""
+
+    def __init__(self, dtype: torch.dtype, *, lower: frozenset[str], fp32: frozenset[str]) -> None:
+        super().__init__()
+        self.dtype, self.lower, self.fp32 = dtype, lower, fp32
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        raw = getattr(func, "__name__", "")
+        name = raw.strip("_")
+        target = self.dtype if name in self.lower else torch.float32 if name in self.fp32 else None
+        if target is not None:
+            dunder = raw.startswith("__") and raw.endswith("__")
+            in_place = raw.startswith("__i") if dunder else raw.endswith("_")
+            head, rest = (args[:1], args[1:]) if in_place else ((), args)
+            args = (*head, *(_cast(a, target) for a in rest))
+            kwargs = {k: _cast(v, target) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != torch.float64 else value
+    if type(value) in (list, tuple):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
 
 
 _rng = DeviceGenerators(1)  # one HPU per process

@@ -8,10 +8,11 @@ reads the environment.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from accel.adapter.options import AdapterOptions, option
+from accel.adapter.options import AdapterOptions, AdapterOptionsError, option
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 AUTOCAST_POLICIES = ("native_amp", "always")
@@ -127,3 +128,67 @@ class GaudiOptions(AdapterOptions):
     """Wrap the model in Habana's `ModuleCacher` at `prepare` (training only, before the strategy), as
     optimum-habana's `use_hpu_graphs_for_training`: each forward/backward is recorded once as an HPU graph and
     replayed, cutting host overhead for models with static shapes."""
+    use_torch_autocast: bool = option(
+        False,
+        env="ACCEL_GAUDI_USE_TORCH_AUTOCAST",
+        flag="--use-torch-autocast",
+        help="gaudi: run the forward under bf16 autocast whatever --mixed-precision says (optimum-habana's "
+        "gaudi_config.use_torch_autocast); not under DeepSpeed",
+    )
+    """Wrap the model's forward in bf16 autocast under any `mixed_precision`, as optimum-habana's Trainer turns
+    on its HPU autocast for a Gaudi config with `use_torch_autocast`; outputs come back as fp32. Not under
+    DeepSpeed, which manages precision itself (optimum-habana turns the setting off there too)."""
+    autocast_bf16_ops: str | None = option(
+        None,
+        env="ACCEL_GAUDI_AUTOCAST_BF16_OPS",
+        flag="--autocast-bf16-ops",
+        help="gaudi: comma-separated ops Habana's autocast runs in bf16 (optimum-habana's autocast_bf16_ops; "
+        "with --autocast-fp32-ops)",
+    )
+    """The ops Habana's autocast runs in bf16 (names as optimum-habana's `autocast_bf16_ops`: "linear",
+    "matmul", "softmax", ...), comma-separated (a list in code). Given with `autocast_fp32_ops`, the two replace
+    Habana's default lists: they are written to files named by `PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST` /
+    `PT_HPU_AUTOCAST_FP32_OPS_LIST`, which the bridge reads once; ops on neither list run in their inputs' dtype."""
+    autocast_fp32_ops: str | None = option(
+        None,
+        env="ACCEL_GAUDI_AUTOCAST_FP32_OPS",
+        flag="--autocast-fp32-ops",
+        help="gaudi: comma-separated ops Habana's autocast runs in fp32 (optimum-habana's autocast_fp32_ops; "
+        "with --autocast-bf16-ops)",
+    )
+    """The ops Habana's autocast runs in fp32 ("embedding", "nll_loss", "log_softmax", ...), with
+    `autocast_bf16_ops` (see there)."""
+
+    def __post_init__(self) -> None:
+        for name in ("autocast_bf16_ops", "autocast_fp32_ops"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, ",".join(str(op) for op in value))
+        super().__post_init__()
+        lists = (self.autocast_bf16_ops, self.autocast_fp32_ops)
+        if (lists[0] is None) != (lists[1] is None):
+            raise AdapterOptionsError(
+                "autocast_bf16_ops and autocast_fp32_ops replace Habana's two autocast lists together: give both "
+                "(--autocast-bf16-ops and --autocast-fp32-ops, or ACCEL_GAUDI_AUTOCAST_BF16_OPS and "
+                "ACCEL_GAUDI_AUTOCAST_FP32_OPS), or neither."
+            )
+        for name in ("autocast_bf16_ops", "autocast_fp32_ops"):
+            value = getattr(self, name)
+            bad = [op for op in split_ops(value or "") if not _OP_NAME.fullmatch(op)]
+            if bad:
+                raise AdapterOptionsError(f"{name}: {bad} are not op names (letters, digits and '_', comma-separated).")
+
+    @property
+    def autocast_op_lists(self) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(bf16 ops, fp32 ops) when both lists are given, else None."""
+        if self.autocast_bf16_ops is None or self.autocast_fp32_ops is None:
+            return None
+        return split_ops(self.autocast_bf16_ops), split_ops(self.autocast_fp32_ops)
+
+
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def split_ops(value: str) -> tuple[str, ...]:
+    """The op names of a comma-separated list, blanks dropped."""
+    return tuple(op.strip() for op in value.split(",") if op.strip())

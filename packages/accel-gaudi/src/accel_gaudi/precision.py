@@ -23,7 +23,8 @@ class GaudiPrecision(Precision):
       of a `GaudiFP8RecipeKwargs` handler, else of Accelerate's recipe handlers and the launcher's fp8
       settings (`RunContext.fp8`) over Gaudi's defaults, and gradient-checkpointed blocks recompute in
       fp8 as their forward ran.
-    - Forward context: bf16 autocast when `autocasts` says so (Gaudi's `force_autocast` rule),
+    - Forward context: bf16 autocast when `autocasts` says so (Gaudi's `force_autocast` rule) or with
+      `use_torch_autocast` (any precision, not under DeepSpeed),
       then the vendor's `fp8_autocast` with the model's recipe under fp8; outputs come back in fp32.
 
     The scaler, unscaling and the optimizer step are the core's (Gaudi refuses fp16, so no loss scaling).
@@ -49,7 +50,9 @@ class GaudiPrecision(Precision):
         `fp8` ask for (fresh ones per call, bf16 autocast outermost); no wrapper when there are none."""
         adapter = self.adapter
         contexts: list[Any] = []
-        if self.autocasts:
+        # optimum-habana's `use_torch_autocast` autocasts under any precision, but not under DeepSpeed.
+        torch_autocast = bool(adapter.config.use_torch_autocast) and ctx.strategy.name != "deepspeed"
+        if self.autocasts or torch_autocast:
             kwargs = ctx.autocast_kwargs
             contexts.append(lambda: adapter.autocast("bf16", **kwargs))
         if self.fp8:

@@ -443,7 +443,8 @@ class Adapter(LegacyPrepareHooks):
         return optimizer
 
     def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
-        """Extra options for prepared data loaders (e.g. pin_memory). Default: none.
+        """Extra options for prepared data loaders (e.g. pin_memory, a worker start method), for the loader in
+        `ctx.data_loader` (the user's, to read). Default: none.
 
         `batch_transfer`: a callable `(batches, device) -> iterable` that places this rank's
         batches on the device itself (e.g. a device loader prefetching in the background);

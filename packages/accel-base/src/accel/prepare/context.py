@@ -89,6 +89,11 @@ class RunContext:
     """For a model: the optimizers of the same `prepare` call that hold its parameters, found by the
     core by parameter identity (for vendors that optimize a model together with its optimizer)."""
 
+    # ---- inside `prepare_data_loader` ----------------------------------------------------------
+    data_loader: Any = None
+    """In `prepare_data_loader_kwargs`: the user's `DataLoader` being prepared (by `prepare` or
+    `prepare_data_loader`), to read (its `num_workers`, its `multiprocessing_context`); never changed."""
+
     # ---- inside `save_state` --------------------------------------------------------------------
     save_model_kwargs: dict[str, Any] = field(default_factory=dict)
     """In `save_checkpoint_state`: the keyword arguments the user gave `save_state` (Accelerate's

@@ -396,20 +396,21 @@ def resolve_config(
 
 
 def _resolve_precision(config: dict[str, Any], mixed_precision: str) -> None:
+    # fp8 trains its converted layers in fp8 and the engine in bf16, as Accelerate's DeepSpeed plugin does:
+    # the run's precision converts the model before `deepspeed.initialize`.
+    engine_precision = "bf16" if mixed_precision == "fp8" else mixed_precision
     for name in ("bf16", "fp16"):
         section = config.get(name)
         if section is None:
             continue
         enabled = section.get("enabled", AUTO)
-        wanted = mixed_precision == name
+        wanted = engine_precision == name
         if enabled == AUTO:
             section["enabled"] = wanted
         elif bool(enabled) != wanted:
             raise _conflict(f"{name}.enabled", enabled, "the Accelerator's mixed_precision", mixed_precision)
-    if mixed_precision in ("bf16", "fp16") and mixed_precision not in config:
-        config[mixed_precision] = {"enabled": True}
-    if mixed_precision == "fp8":
-        raise DeepSpeedConfigError("mixed_precision='fp8' is not supported with DeepSpeed; use 'bf16' or 'fp16'.")
+    if engine_precision in ("bf16", "fp16") and engine_precision not in config:
+        config[engine_precision] = {"enabled": True}
 
 
 def _resolve_zero(config: dict[str, Any], plugin: DeepSpeedPlugin, defaults: dict[str, Any]) -> None:
