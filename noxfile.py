@@ -133,11 +133,12 @@ def deepspeed(session: nox.Session) -> None:
     # DeepSpeed's compiled ops go to torch's default extensions cache (under ~/.cache), which
     # outlives this virtualenv and a fresh clone: the 1.5-7 minute build happens once per machine.
     session.run("pytest", DEEPSPEED_TESTS, "-q", "--timeout=900", *session.posargs, env={"DS_ACCELERATOR": "cpu"})
-    # accel-gaudi's DeepSpeed tests (its defaults, emulated ranks) in a run of their own: each
-    # package's tests/conftest.py is imported as `conftest`.
-    session.install("-e", "packages/accel-gaudi")
-    gaudi_tests = "packages/accel-gaudi/tests/test_deepspeed.py"
-    session.run("pytest", gaudi_tests, "-q", "--timeout=900", *session.posargs, env={"DS_ACCELERATOR": "cpu"})
+    # accel-gaudi's and accel-cuda's DeepSpeed tests (their defaults, fp8 under DeepSpeed, emulated) in runs of
+    # their own: each package's tests/conftest.py is imported as `conftest`.
+    for adapter in ("gaudi", "cuda"):
+        session.install("-e", f"packages/accel-{adapter}")
+        tests = f"packages/accel-{adapter}/tests/test_deepspeed.py"
+        session.run("pytest", tests, "-q", "--timeout=900", *session.posargs, env={"DS_ACCELERATOR": "cpu"})
 
 
 # Adapters whose integration run shares the local torch: the cpu adapter as is, the others

@@ -119,6 +119,12 @@ out["fsdp_local_rows"] = model.embed.weight.to_local().shape[0]
 out["fsdp_param_device"] = model.embed.weight.device.type
 out["fsdp"] = weights(acc, model)
 
+# FSDP1 (Accelerate's default fsdp_version) on the adapter's device: torch's FullyShardedDataParallel.
+acc = fresh(fsdp_plugin=FSDPConfig(fsdp_version=1, backward_prefetch="BACKWARD_PRE", use_orig_params=False))
+model, _ = train(acc)
+out["fsdp1_wrapper"] = [type(model).__name__, model.sharding_strategy.name, model.backward_prefetch.name]
+out["fsdp1"] = weights(acc, model)
+
 # Regional compilation under FSDP2, Accelerate's way: each block compiled in place (the module objects and the
 # hooks fully_shard put on them stay), dynamo capturing scalar outputs.
 acc = fresh(fsdp_plugin=FSDPConfig(), dynamo_plugin=TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=True))
@@ -294,6 +300,12 @@ def test_fsdp2_with_cpu_offload_runs_unpinned_and_matches_ddp(results):
     assert r0["fsdp_param_device"] == "cpu"
     assert max_diff(weights(r0, "fsdp"), weights(r0, "ddp")) < 1e-5
     assert r1["fsdp"] == {}  # the full state dict is gathered on the main process
+
+
+def test_fsdp1_wraps_in_fully_sharded_data_parallel_and_matches_ddp(results):
+    for r in results:
+        assert r["fsdp1_wrapper"] == ["FullyShardedDataParallel", "FULL_SHARD", "BACKWARD_PRE"]
+        assert max_diff(weights(r, "fsdp1"), weights(results[0], "ddp")) < 1e-5
 
 
 def test_regional_compilation_under_fsdp2_compiles_blocks_in_place_and_trains_as_eager(results):

@@ -126,6 +126,12 @@ out["fsdp_checkpoint_wrapped"] = sum(isinstance(m, CheckpointWrapper) for m in s
 full = acc.get_state_dict(sharded)
 out["fsdp"] = {k: v.tolist() for k, v in full.items()}
 
+# FSDP1 on HPU, as optimum-habana's Trainer runs Accelerate's FSDP plugin (fsdp_version 1 by default).
+acc = fresh("ddp", fsdp_plugin=FSDPConfig(fsdp_version=1, sharding_strategy="SHARD_GRAD_OP", use_orig_params=False))
+sharded1, _ = train(acc, copy.deepcopy(reference_start))
+out["fsdp1_wrapper"] = [type(sharded1).__name__, sharded1.sharding_strategy.name]
+out["fsdp1"] = {k: v.tolist() for k, v in acc.get_state_dict(sharded1).items()}
+
 def error_of(fn):
     try:
         fn()
@@ -216,6 +222,12 @@ def test_ddp_comm_hook_goes_through_the_core(results):
     assert "fp16_compress_hook" in r0["fp16_hook"]
     fp16_diff = max_diff(weights(r0, "fp16"), weights(r0, "ddp"))
     assert 0.0 < fp16_diff < 5e-2  # fp16-compressed gradients: close, not identical
+
+
+def test_fsdp1_on_the_adapter_device_trains_as_ddp(results):
+    for r in results:
+        assert r["fsdp1_wrapper"] == ["FullyShardedDataParallel", "SHARD_GRAD_OP"]
+        assert max_diff(weights(r, "fsdp1"), weights(results[0], "ddp")) < 1e-5
 
 
 def test_fsdp2_with_activation_checkpointing_on_the_adapter_device(results):
