@@ -87,6 +87,9 @@ fast, counts = train(acc, copy.deepcopy(start))
 out["fast_is_plain_module"] = type(fast).__name__ == "Net"
 out["fast_all_reduces_per_step"] = counts
 out["mark_steps"] = hpu_emulated.calls["mark_step"]
+# Packing and unpacking recorded once as HPU graphs and replayed every step: zero_grad() kept the tensors.
+out["fast_graphs"] = [hpu_emulated.calls["hpu_graph_capture"], hpu_emulated.calls["hpu_graph_replay"]]
+out["fast_grads_kept"] = all(p.grad is not None for p in fast.parameters())
 out["fast"] = {k: v.tolist() for k, v in fast.state_dict().items()}
 
 # Accelerator.no_sync under fast_ddp: nothing is reduced inside; the next synchronising
@@ -107,6 +110,8 @@ acc.backward(nn.functional.mse_loss(fast(x), y))
 dist.all_reduce = real_all_reduce
 out["no_sync_all_reduces"] = [inside, reduced[0]]
 out["no_sync_grad"] = fast.head.bias.grad.tolist()
+# The gradients were dropped above (set to None): new tensors, so the graphs were recorded again for them.
+out["no_sync_graphs"] = [hpu_emulated.calls["hpu_graph_capture"], hpu_emulated.calls["hpu_graph_replay"]]
 
 acc = fresh("ddp", kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.NO, bucket_cap_mb=1)])
 ddp, _ = train(acc, copy.deepcopy(reference_start))
@@ -201,6 +206,15 @@ def test_fast_ddp_matches_ddp_after_steps(results):
 def test_fast_ddp_issues_exactly_one_all_reduce_per_optimizer_step(results):
     # 3 optimizer steps of 2 micro-batches each: the accumulating micro-batch reduces nothing.
     assert [r["fast_all_reduces_per_step"] for r in results] == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_fast_ddp_packs_and_unpacks_through_hpu_graphs_recorded_once(results):
+    # 3 steps: recorded once (pack + unpack) at the first reduction, replayed at each of the 3; the eager
+    # path would leave both counts at 0. zero_grad() zeroed in place, as optimum-habana under fast_ddp.
+    for r in results:
+        assert r["fast_graphs"] == [2, 6] and r["fast_grads_kept"]
+        # After the gradients were set to None the next reduction recorded both graphs again.
+        assert r["no_sync_graphs"] == [4, 8]
 
 
 def test_no_sync_suppresses_fast_ddp_reduction(results):

@@ -318,7 +318,8 @@ class GaudiAdapter(Adapter):
         return "fast_ddp" if self.config.distribution_strategy == "fast_ddp" else "ddp"
 
     def strategy_defaults(self, strategy_name: str) -> dict[str, Any]:
-        """fast_ddp: reduce in the vendor module's `ALLREDUCE_DTYPE` (bf16 on HPU).
+        """fast_ddp: reduce in the vendor module's `ALLREDUCE_DTYPE` (bf16 on HPU), packing and unpacking the
+        gradients through recorded HPU graphs (`hpu_graph`).
 
         DeepSpeed: sets `DEEPSPEED_USE_HPU=true` (unless set) for Habana's DeepSpeed fork; clips the
         global gradient norm at 1.0 unless the user sets `gradient_clipping` (Gaudi's own
@@ -329,7 +330,9 @@ class GaudiAdapter(Adapter):
             os.environ.setdefault("DEEPSPEED_USE_HPU", "true")
             return {"gradient_clipping": DEEPSPEED_GRADIENT_CLIPPING}
         if strategy_name == "fast_ddp":
-            return {"allreduce_dtype": self.vendor.ALLREDUCE_DTYPE}
+            # Packing and unpacking recorded as HPU graphs, as Gaudi's `all_reduce_gradients(use_hpu_graphs=True)`
+            # (optimum-habana's Trainer always asks for them under fast_ddp).
+            return {"allreduce_dtype": self.vendor.ALLREDUCE_DTYPE, "capture": self.vendor.hpu_graph}
         return {}
 
     # ---- Habana's fused optimizer and clip norm -------------------------------------------------

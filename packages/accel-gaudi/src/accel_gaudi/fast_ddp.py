@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,13 +32,35 @@ if TYPE_CHECKING:
     from accel.prepare.context import RunContext
 
 
-class FastDDP:
-    """The models prepared with fast_ddp on this process, and their gradient reduction."""
+@dataclass
+class _Captured:
+    """The flat buffer and the recorded pack and unpack of one fixed set of gradient tensors."""
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    grads: list[torch.Tensor]
+    buffer: torch.Tensor
+    pack: Callable[[], Any]
+    unpack: Callable[[], Any]
+
+
+class FastDDP:
+    """The models prepared with fast_ddp on this process, and their gradient reduction.
+
+    With `capture` (the vendor's device-graph recorder: `capture(fn)` records `fn` once and returns its replay),
+    the copy of every gradient into one persistent flat buffer and the copy back are recorded once and replayed
+    each step, as Gaudi's `all_reduce_gradients(model, use_hpu_graphs=True)`; a recorded graph reads and writes
+    the tensors it saw, so it is recorded again whenever the gradient tensors are not the same objects (after
+    `zero_grad(set_to_none=True)`, which fast_ddp's own default avoids). A step where some gradient is missing
+    goes through the eager path, whose flags keep DDP's `grad=None` semantics.
+    """
+
+    def __init__(
+        self, dtype: torch.dtype, capture: Callable[[Callable[[], None]], Callable[[], Any]] | None = None
+    ) -> None:
         self.dtype = dtype
         """Dtype of the flat buffer (bf16 on HPU, fp32 under emulation)."""
         self._models: list[weakref.ref[torch.nn.Module]] = []
+        self._capture = capture
+        self._captured: _Captured | None = None
 
     def register(self, model: torch.nn.Module) -> None:
         """Broadcast `model`'s parameters and buffers from rank 0 and reduce its gradients from now on."""
@@ -67,6 +89,44 @@ class FastDDP:
         params = self._params()
         if not params:
             return
+        grads = [p.grad for p in params]
+        if self._capture is not None and all(g is not None for g in grads):
+            self._reduce_recorded(grads)  # type: ignore[arg-type]
+            return
+        self._reduce_eager(params)
+
+    def _reduce_recorded(self, grads: list[torch.Tensor]) -> None:
+        captured = self._captured
+        if (
+            captured is None
+            or len(captured.grads) != len(grads)
+            or any(a is not b for a, b in zip(captured.grads, grads))
+        ):
+            captured = self._captured = self._record(grads)
+        captured.pack()
+        dist.all_reduce(captured.buffer, async_op=True).wait()
+        captured.unpack()
+
+    def _record(self, grads: list[torch.Tensor]) -> _Captured:
+        """Record packing (scaled by 1/world, in the buffer's dtype) and unpacking for these gradient tensors."""
+        assert self._capture is not None
+        buffer = torch.empty(sum(g.numel() for g in grads), dtype=self.dtype, device=grads[0].device)
+        views = list(torch.split(buffer, [g.numel() for g in grads]))
+        inverse = 1.0 / dist.get_world_size()
+
+        def pack() -> None:
+            with torch.no_grad():
+                for grad, view in zip(grads, views):
+                    view.copy_(grad.reshape(-1).to(self.dtype) * inverse)
+
+        def unpack() -> None:
+            with torch.no_grad():
+                for grad, view in zip(grads, views):
+                    grad.copy_(view.view_as(grad))
+
+        return _Captured(grads=list(grads), buffer=buffer, pack=self._capture(pack), unpack=self._capture(unpack))
+
+    def _reduce_eager(self, params: list[torch.nn.Parameter]) -> None:
         device = params[0].device
         parts = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(self.dtype) for p in params
@@ -102,6 +162,8 @@ class FastDDPConfig:
 
     allreduce_dtype: torch.dtype | None = None
     """Dtype of the flat reduction buffer (None: the adapter's default, else fp32)."""
+    capture: Callable[[Callable[[], None]], Callable[[], Any]] | None = None
+    """Records the gradient packing and unpacking as device graphs (None: the adapter's default, else eager)."""
 
 
 class FastDDPStrategy(Strategy):
@@ -109,6 +171,7 @@ class FastDDPStrategy(Strategy):
 
     name: ClassVar[str] = "fast_ddp"
     needs_model_on_device: ClassVar[bool] = True
+    keeps_gradients: ClassVar[bool] = True  # the recorded pack/unpack read the same gradient tensors every step
 
     def __init__(self, config: FastDDPConfig | None = None) -> None:
         super().__init__(config or FastDDPConfig())
@@ -119,7 +182,8 @@ class FastDDPStrategy(Strategy):
         if ctx.use_distributed and any(p.requires_grad for p in model.parameters()):
             if self._reducer is None:
                 dtype = self.config.allreduce_dtype or ctx.adapter_defaults.get("allreduce_dtype") or torch.float32
-                self._reducer = FastDDP(dtype)
+                capture = self.config.capture or ctx.adapter_defaults.get("capture")
+                self._reducer = FastDDP(dtype, capture)
             self._reducer.register(model)
         return model
 

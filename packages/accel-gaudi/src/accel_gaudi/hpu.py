@@ -87,6 +87,19 @@ def module_cacher(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def hpu_graph(fn: Any) -> Any:
+    """Record `fn` once as an HPU graph (captured on a side stream) and return its replay: each replay repeats
+    the recorded work on the tensors `fn` touched while it was recorded."""
+    import habana_frameworks.torch as ht
+
+    graph = ht.hpu.HPUGraph()
+    with ht.hpu.stream(ht.hpu.Stream()):
+        graph.capture_begin()
+        fn()
+        graph.capture_end()
+    return graph.replay
+
+
 def _te() -> Any:
     from habana_frameworks.torch.hpex.experimental import transformer_engine
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,19 @@ def module_cacher(model: nn.Module) -> nn.Module:
 
     model.forward = cached_forward  # type: ignore[method-assign]
     return model
+
+
+def hpu_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Stands for recording `fn` as an HPU graph (`hpu.hpu_graph`): recording runs nothing (counted in
+    `calls["hpu_graph_capture"]`); each replay (`calls["hpu_graph_replay"]`) repeats `fn`'s work on the tensors
+    it closed over, as a recorded graph replays on the tensors it captured."""
+    calls["hpu_graph_capture"] += 1
+
+    def replay() -> Any:
+        calls["hpu_graph_replay"] += 1
+        return fn()
+
+    return replay
 
 
 # ---- fp8: stands for habana_frameworks.torch.hpex.experimental.transformer_engine ----------

@@ -457,6 +457,7 @@ class PrepareWalk:
                     device=ctx.device,
                     precision=ctx.precision,
                     before_step=_before_step(ctx.strategy),
+                    keep_gradients=ctx.strategy.keeps_gradients,
                 )
                 self.prepared.optimizers.append(wrapper)
                 wrapped[i] = wrapper

@@ -204,6 +204,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device: torch.device | None = None,
         precision: Precision | None = None,
         before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+        keep_gradients: bool = False,
     ) -> None:
         # No super().__init__: this object is a view on `optimizer`, sharing its param_groups
         # and state, so code that reads them (schedulers, loggers) sees the real ones.
@@ -216,6 +217,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = before_step
         """The strategy's `before_optimizer_step` when it has one (None otherwise: nothing runs per step)."""
         self.adapter = adapter
+        self.keep_gradients = keep_gradients
+        """`zero_grad()`'s default: zero in place (the strategy's `keeps_gradients`) instead of setting to None."""
         self.gradient_state = GradientState()
         self.device_placement = device_placement
         self._scale_before: torch.Tensor | None = None
@@ -258,9 +261,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Clear the gradients on steps that sync; `set_to_none` None: True (torch's default) unless the
+        strategy keeps gradient tensors (`Strategy.keeps_gradients`)."""
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.optimizer.zero_grad(set_to_none=not self.keep_gradients if set_to_none is None else set_to_none)
 
     def train(self) -> None:
         """For optimizers with train/eval modes (schedule-free ones)."""

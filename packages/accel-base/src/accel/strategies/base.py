@@ -146,6 +146,11 @@ class Strategy:
         one that agrees on inf/nan over every rank, so a step is skipped everywhere or nowhere."""
         return scaler
 
+    keeps_gradients: ClassVar[bool] = False
+    """Whether a prepared optimizer's `zero_grad()` zeroes the gradients in place by default instead of dropping
+    them (`set_to_none=False`): for a strategy that reduces through work recorded once on fixed gradient
+    tensors (device graphs). An explicit `zero_grad(set_to_none=...)` still decides."""
+
     owns_loss_scaling: ClassVar[bool] = False
     """Whether the strategy's engine scales the fp16 loss itself (then the Accelerator makes no grad scaler)."""
 
