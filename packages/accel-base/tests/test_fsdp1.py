@@ -77,6 +77,7 @@ config = FSDPConfig(fsdp_version=1, sharding_strategy="FULL_SHARD", backward_pre
                     forward_prefetch=True, limit_all_gathers=False, use_orig_params=True,
                     auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"])
 acc, model, _ = run("full-shard", config, accum=2)
+assert not acc.is_fsdp2 and acc.state.fsdp_plugin is config  # Accelerate: is_fsdp2 is fsdp_version == 2
 units = [m for m in model.modules() if isinstance(m, FSDP)]
 assert len(units) == 3, len(units)  # the root and one per Block
 assert (model.sharding_strategy.name, model.backward_prefetch.name, model.forward_prefetch,

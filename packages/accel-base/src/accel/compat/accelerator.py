@@ -83,7 +83,8 @@ class AcceleratorCompatMixin:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (the only FSDP accel has); False for tensor parallelism alone."""
+        """Whether models are sharded with FSDP2; False under FSDP1 (`fsdp_version=1`) and for tensor
+        parallelism alone."""
         return bool(self.state.is_fsdp2)
 
     @property

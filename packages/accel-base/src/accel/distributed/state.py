@@ -647,19 +647,26 @@ class AcceleratorState:
             yield
 
     @property
-    def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (the only FSDP accel has); False for tensor parallelism
-        alone, which runs on the fsdp2 strategy without sharding (Accelerate: no FSDP plugin there)."""
+    def _shards_with_fsdp(self) -> bool:
+        """Whether models are sharded by the FSDP strategy (FSDP2, or FSDP1 with `fsdp_version=1`); False for
+        tensor parallelism alone, which runs on that strategy without sharding (Accelerate: no FSDP plugin)."""
         return (
             str(self.__dict__.get("strategy_name", "")) == "fsdp2"
             and getattr(self, "distributed_type", None) == DistributedType.FSDP
         )
 
     @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (`fully_shard`): False under FSDP1 (`fsdp_version=1`) and for
+        tensor parallelism alone."""
+        config = getattr(self.__dict__.get("_strategy"), "config", None)
+        return self._shards_with_fsdp and getattr(config, "fsdp_version", 2) == 2
+
+    @property
     def fsdp_plugin(self) -> Any:
         """The FSDP settings in use (accel's `FSDPConfig`, Accelerate's `FullyShardedDataParallelPlugin` converted)
-        when the `Accelerator` shards with FSDP2; else None."""
-        return getattr(self.__dict__.get("_strategy"), "config", None) if self.is_fsdp2 else None
+        when the `Accelerator` shards with FSDP (either version); else None."""
+        return getattr(self.__dict__.get("_strategy"), "config", None) if self._shards_with_fsdp else None
 
     @property
     def deepspeed_plugin(self) -> Any:
