@@ -344,3 +344,22 @@ def test_no_module_cacher_without_the_option_or_for_evaluation(case):
     model = acc.prepare_model(nn.Linear(2, 2), evaluation_mode=case == "evaluation_mode")
     model(torch.ones(1, 2))
     assert hpu_emulated.calls["module_cacher"] == 0 and hpu_emulated.calls["hpu_graph_forward"] == 0
+
+
+def test_context_parallel_size_needs_processes_and_the_ddp_strategies():
+    """optimum-habana's `context_parallel_size` builds its groups in a multi-process run only: one process is
+    refused by name (never accepted and ignored); `accelerator.mpu` is optimum-habana's parallel_state API."""
+    import pytest
+    from accel import Accelerator
+    from accel.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(ValueError, match=r"context_parallel_size=2 splits each sequence .* has no process group"):
+        Accelerator(adapter="gaudi", emulate=True, adapter_options={"context_parallel_size": 2})
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(adapter="gaudi", emulate=True)
+    assert acc.mpu.is_unitialized() and not acc.mpu.sequence_parallel_is_initialized()
+    assert acc.mpu.get_sequence_parallel_world_size() == 1 and acc.mpu.get_tensor_model_parallel_world_size() == 1
+    with pytest.raises(RuntimeError, match=r"accelerator\.mpu has no groups: set context_parallel_size"):
+        acc.mpu.get_data_parallel_group()
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -137,6 +137,22 @@ sharded1, _ = train(acc, copy.deepcopy(reference_start))
 out["fsdp1_wrapper"] = [type(sharded1).__name__, sharded1.sharding_strategy.name]
 out["fsdp1"] = {k: v.tolist() for k, v in acc.get_state_dict(sharded1).items()}
 
+# optimum-habana's context_parallel_size: one sequence-parallel group of both ranks; loaders, gathers and
+# reductions over the data-parallel group (each rank alone), so both ranks see every batch.
+acc = fresh("ddp", adapter_options={"context_parallel_size": 2})
+mpu = acc.mpu
+out["cp_mpu"] = [
+    mpu.get_sequence_parallel_world_size(), mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_world_size(),
+    mpu.get_data_parallel_rank(), mpu.get_sequence_parallel_src_rank(), acc.num_processes,
+]
+cp_loader = acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+out["cp_batches"] = [b.tolist() for b in cp_loader]
+out["cp_gathered"] = acc.gather_for_metrics(torch.tensor([rank])).tolist()
+out["cp_reduced"] = acc.reduce(torch.tensor([float(rank + 1)])).tolist()
+chunk_sum = torch.tensor([float(rank + 1)])
+dist.all_reduce(chunk_sum, group=mpu.get_sequence_parallel_group())
+out["cp_sequence_group_sum"] = chunk_sum.item()
+
 def error_of(fn):
     try:
         fn()
@@ -146,6 +162,7 @@ def error_of(fn):
 
 # Refused when the Accelerator is built (the adapter's `check_strategy`), before anything is prepared.
 out["fast_with_fsdp"] = error_of(lambda: fresh("fast_ddp", fsdp_plugin=FSDPConfig()))
+out["cp_with_fsdp"] = error_of(lambda: fresh("ddp", fsdp_plugin=FSDPConfig(), adapter_options={"context_parallel_size": 2}))
 acc = fresh("ddp")
 quantized = Net()
 quantized.is_loaded_in_4bit = True
@@ -236,6 +253,16 @@ def test_ddp_comm_hook_goes_through_the_core(results):
     assert "fp16_compress_hook" in r0["fp16_hook"]
     fp16_diff = max_diff(weights(r0, "fp16"), weights(r0, "ddp"))
     assert 0.0 < fp16_diff < 5e-2  # fp16-compressed gradients: close, not identical
+
+
+def test_context_parallel_size_builds_sequence_groups_and_shards_data_over_dp_only(results):
+    for rank, r in enumerate(results):
+        # sequence-parallel size 2 and this rank's chunk; one data-parallel shard; the group starts at rank 0
+        assert r["cp_mpu"] == [2, rank, 1, 0, 0, 2]
+        assert r["cp_batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # every batch, on both ranks
+        assert r["cp_gathered"] == [rank] and r["cp_reduced"] == [rank + 1.0]  # over the data-parallel group
+        assert r["cp_sequence_group_sum"] == 3.0  # the sequence-parallel group holds both ranks
+        assert "groups for the ddp and fast_ddp strategies; this Accelerator uses 'fsdp2'" in r["cp_with_fsdp"]
 
 
 def test_fsdp1_on_the_adapter_device_trains_as_ddp(results):

@@ -502,10 +502,17 @@ class Accelerator(AcceleratorCompatMixin):
         self._dataloaders.append(prepared)
         return prepared
 
-    def _data_shards(self) -> tuple[int, int]:
-        """(number of data shards, this process's shard): one per process unless the
-        strategy groups processes into model replicas (`Strategy.data_parallel_group`)."""
+    def _data_parallel_group(self) -> Any:
+        """The processes that hold different data: the strategy's group of model replicas, else the adapter's
+        (its own sequence parallelism), else None (every process)."""
         group = self.strategy.data_parallel_group()
+        return self.adapter.data_parallel_group() if group is None else group
+
+    def _data_shards(self) -> tuple[int, int]:
+        """(number of data shards, this process's shard): one per process unless the strategy groups
+        processes into model replicas (`Strategy.data_parallel_group`) or the adapter has several share a
+        batch (`Adapter.data_parallel_group`)."""
+        group = self._data_parallel_group()
         if group is None or not self.use_distributed:
             return self.num_processes, self.process_index
         import torch.distributed as dist
@@ -643,7 +650,7 @@ class Accelerator(AcceleratorCompatMixin):
             ops._tensors(input_data)
         )
         use_gather_object = use_gather_object or not all_tensors
-        group = self.strategy.data_parallel_group()
+        group = self._data_parallel_group()
         data = ops.gather_object(input_data, group=group) if use_gather_object else ops.gather(input_data, group=group)
         gs = self.gradient_state
         if not (gs.end_of_dataloader and gs.remainder > 0):
@@ -655,7 +662,7 @@ class Accelerator(AcceleratorCompatMixin):
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce tensors ("sum", "mean", "max", "min" or "none"), times `scale`, over the data-parallel
         processes (every process unless the strategy splits models over several)."""
-        return ops.reduce(tensor, reduction, scale, group=self.strategy.data_parallel_group())
+        return ops.reduce(tensor, reduction, scale, group=self._data_parallel_group())
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return ops.broadcast(tensor, from_process=from_process)

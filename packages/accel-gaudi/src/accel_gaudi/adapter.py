@@ -22,6 +22,7 @@ from accel.errors import CompileNotSupportedError
 
 from .autocast_ops import declared_lists, same_lists, write_op_lists
 from .options import GaudiOptions
+from .parallel_state import SequenceParallelState
 from .precision import GaudiPrecision
 
 if TYPE_CHECKING:
@@ -78,6 +79,27 @@ class GaudiAdapter(Adapter):
         super().__init__(emulate=emulate, options=options)
         self._lazy: bool | None = None
         self._declare_autocast_ops()
+        self.parallel_state = SequenceParallelState(self.config.context_parallel_size)
+        """optimum-habana's `parallel_state` for this run, also `accelerator.mpu` (groups once the process group
+        is up, with `context_parallel_size` above 1)."""
+
+    # ---- context parallelism (optimum-habana's sequence-parallel groups) ------------------------------------
+    def after_process_group(self) -> None:
+        """`context_parallel_size` > 1: build the sequence- and data-parallel groups (every process)."""
+        if self.config.context_parallel_size > 1:
+            self.parallel_state.build()
+
+    def data_parallel_group(self) -> Any:
+        """Under `context_parallel_size` > 1 the processes of one sequence-parallel group share each batch:
+        loaders, gathers and reductions run over the data-parallel group, as optimum-habana's
+        `prepare_data_loader` divides the processes by the sequence-parallel size."""
+        if self.parallel_state.sequence_parallel_is_initialized():
+            return self.parallel_state.get_data_parallel_group()
+        return None
+
+    def accelerator_attributes(self) -> dict[str, Any]:
+        """`accelerator.mpu`: optimum-habana's `GaudiAccelerator.mpu` (its `parallel_state`)."""
+        return {"mpu": self.parallel_state}
 
     def _declare_autocast_ops(self) -> None:
         """optimum-habana's `declare_autocast_bf16_fp32_ops`: with both `autocast_bf16_ops` and
@@ -197,11 +219,24 @@ class GaudiAdapter(Adapter):
             )
 
     def check_strategy(self, strategy_name: str) -> None:
-        """`distribution_strategy='fast_ddp'` replaces DDP: it runs with the 'fast_ddp' strategy only.
+        """`distribution_strategy='fast_ddp'` replaces DDP: it runs with the 'fast_ddp' strategy only;
+        `context_parallel_size` > 1 runs with ddp or fast_ddp.
 
         Raises:
             ValueError: the option is set and the Accelerator runs another strategy.
         """
+        if self.config.context_parallel_size > 1 and not self.parallel_state.sequence_parallel_is_initialized():
+            raise ValueError(
+                f"context_parallel_size={self.config.context_parallel_size} splits each sequence over that many "
+                "processes, but this run has no process group: launch it with `accel launch --num_processes N` "
+                "(N a multiple of the size), or drop --context-parallel-size."
+            )
+        if self.config.context_parallel_size > 1 and strategy_name not in ("ddp", "fast_ddp"):
+            raise ValueError(
+                f"context_parallel_size={self.config.context_parallel_size} builds optimum-habana's sequence-parallel "
+                f"groups for the ddp and fast_ddp strategies; this Accelerator uses {strategy_name!r}. Use ddp, or "
+                "ParallelismConfig for FSDP2's own dimensions."
+            )
         if self.config.distribution_strategy == "fast_ddp" and strategy_name != "fast_ddp":
             raise ValueError(
                 f"distribution_strategy='fast_ddp' replaces DDP and runs as the 'fast_ddp' strategy; this Accelerator "

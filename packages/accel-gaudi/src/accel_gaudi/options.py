@@ -128,6 +128,20 @@ class GaudiOptions(AdapterOptions):
     """Wrap the model in Habana's `ModuleCacher` at `prepare` (training only, before the strategy), as
     optimum-habana's `use_hpu_graphs_for_training`: each forward/backward is recorded once as an HPU graph and
     replayed, cutting host overhead for models with static shapes."""
+    context_parallel_size: int = option(
+        1,
+        env="ACCEL_GAUDI_CONTEXT_PARALLEL_SIZE",
+        flag="--context-parallel-size",
+        minimum=1,
+        help="gaudi: processes one sequence is split over (optimum-habana's context_parallel_size); "
+        "accelerator.mpu gives the groups",
+    )
+    """optimum-habana's `context_parallel_size`: consecutive ranks form sequence-parallel groups of this size
+    (the chunks of one sequence, for model code that splits attention over `accelerator.mpu`'s sequence-parallel
+    group, as optimum-habana's models do), and prepared loaders, `gather_for_metrics` and `reduce` run over the
+    data-parallel groups only, so every process of a sequence-parallel group sees the same batches. Gradients
+    are still averaged over every process (the sequence-parallel peers ride on data parallelism, as there).
+    With the ddp and fast_ddp strategies."""
     use_torch_autocast: bool = option(
         False,
         env="ACCEL_GAUDI_USE_TORCH_AUTOCAST",

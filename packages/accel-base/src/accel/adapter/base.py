@@ -260,6 +260,23 @@ class Adapter(LegacyPrepareHooks):
         vendor module that registers the device and its backend with torch). Not run when the user
         started the process group already."""
 
+    def after_process_group(self) -> None:
+        """Runs on every process once the default process group is up (a new one, or one the script started),
+        in the same order everywhere: build the adapter's own process groups here (`dist.new_group`).
+        Default: nothing."""
+
+    def data_parallel_group(self) -> Any:
+        """The group of processes that hold different data when the adapter's own parallelism has several
+        processes share one batch (e.g. sequence parallelism: a sequence's chunks on several processes). The core
+        shards prepared loaders, gathers and reduces over the strategy's `data_parallel_group` first, else over
+        this one. Default: None (every process holds its own data)."""
+        return None
+
+    def accelerator_attributes(self) -> dict[str, Any]:
+        """Names this adapter adds to its `Accelerator` (read when the Accelerator has no such member), e.g. the
+        vendor's parallel-state object its model code expects. Default: none."""
+        return {}
+
     def process_group_options(self, device: torch.device) -> dict[str, Any]:
         """Extra keyword arguments for `torch.distributed.init_process_group` (e.g. `pg_options` for the
         backend, `device_id=device` for eager initialisation). Default: none."""

@@ -64,9 +64,19 @@ class AcceleratorCompatMixin:
         self.__dict__.update({k: (weakref.WeakSet() if v is _EmptyWeakSet else v) for k, v in state.items()})
 
     def __getattr__(self, name: str) -> Any:
-        # Python calls this only on a miss: an Accelerate member accel lacks (`compat_table.UNSUPPORTED_MEMBERS`)
-        # raises `AccelerateNameError` saying why; a property whose getter failed re-raises its own error.
+        # Python calls this only on a miss: a name the adapter adds (`Adapter.accelerator_attributes`), else an
+        # Accelerate member accel lacks (`compat_table.UNSUPPORTED_MEMBERS`) raises `AccelerateNameError` saying
+        # why; a property whose getter failed re-raises its own error.
         from ..distributed.state import member_miss
+
+        if "state" in self.__dict__ and not name.startswith("__"):
+            try:
+                adapter = self.state.adapter
+            except AttributeError:  # a reset state: the miss below says so
+                adapter = None
+            extra = adapter.accelerator_attributes() if adapter is not None else {}
+            if name in extra:
+                return extra[name]
 
         raise member_miss(self, "Accelerator", name)
 

@@ -163,6 +163,7 @@ class PartialState:
         self.owns_process_group = False
         if launch.distributed or dist.is_initialized():
             self._init_process_group(launch, init_kwargs)
+            self.adapter.after_process_group()
             self.distributed_type = self.adapter.data_parallel_type(True)
             if self.num_processes > 1:
                 install_watchdog(warn_after=env.collective_warn_seconds, timeout=self.timeout.total_seconds())
