@@ -93,9 +93,9 @@ NOTES = {
     "multi_device": "True for data-parallel runs on accelerator devices (False on CPUs, as in Accelerate)",
     "join_uneven_inputs": "DDP models join on every device (not only GPUs); other models warn and do nothing",
     "maybe_context_parallel": "with ParallelismConfig(cp_size>1) on an adapter that claims context parallelism "
-    "(cuda), torch's context_parallel over the `cp` mesh dimension (not run in CI: no multi-GPU machine; "
-    "Accelerate's attention-mask hooks are not reproduced); refused at construction elsewhere; without cp it "
-    "warns and does nothing, as in Accelerate",
+    "(cuda), torch's context_parallel over the `cp` mesh dimension (in CI on emulated CUDA, the host's flash "
+    "kernel in torch's ring; Accelerate's attention-mask hooks are not reproduced); refused at construction "
+    "elsewhere; without cp it warns and does nothing, as in Accelerate",
     "lomo_backward": "raises NotImplementedError: LOMO optimizers are not supported",
     "deepspeed_ulysses_dl_adapter": "raises NotImplementedError: no Ulysses sequence parallelism",
     "use_seedable_sampler": "False by default as in Accelerate; mid-epoch resume is exact either way",

@@ -125,6 +125,47 @@ model, _ = train(acc)
 out["fsdp1_wrapper"] = [type(model).__name__, model.sharding_strategy.name, model.backward_prefetch.name]
 out["fsdp1"] = weights(acc, model)
 
+# Context parallelism, as Accelerate runs it (ParallelismConfig(cp_size=2) on FSDP2, maybe_context_parallel):
+# each rank holds half of every sequence and attends over the whole through torch's ring (the emulated GPU's
+# flash kernel is the host's, registered in the ring by cuda_emulated); trains as one process on full sequences.
+from accel import ParallelismConfig
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 1)
+
+    def forward(self, x):
+        b, length, _ = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, length, 3, 2, 4).unbind(2))
+        h = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(h.transpose(1, 2).reshape(b, length, 8))
+
+g = torch.Generator().manual_seed(7)
+xs, ys = torch.randn(2, 8, 8, generator=g), torch.randn(2, 8, 1, generator=g)
+ref = Attention()
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for _ in range(2):
+    nn.functional.mse_loss(ref(xs), ys).backward()
+    ref_opt.step()
+    ref_opt.zero_grad()
+acc = fresh(parallelism_config=ParallelismConfig(cp_size=2))
+model = Attention()
+model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+cuda_emulated.calls.clear()
+for _ in range(2):
+    x, y = xs.clone(), ys.clone()
+    with acc.maybe_context_parallel(buffers=[x, y], buffer_seq_dims=[1, 1], no_restore_buffers={x, y}):
+        out["cp_local_length"] = x.shape[1]
+        acc.backward(nn.functional.mse_loss(model(x), y))
+    opt.step()
+    opt.zero_grad()
+out["cp_ring_calls"] = [cuda_emulated.calls["ring_attention"], cuda_emulated.calls["ring_attention_backward"]]
+cp_state = acc.get_state_dict(model)
+if acc.is_main_process:
+    out["cp_weights_diff"] = max((cp_state[k] - v).abs().max().item() for k, v in ref.state_dict().items())
+
 # Regional compilation under FSDP2, Accelerate's way: each block compiled in place (the module objects and the
 # hooks fully_shard put on them stay), dynamo capturing scalar outputs.
 acc = fresh(fsdp_plugin=FSDPConfig(), dynamo_plugin=TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=True))
@@ -306,6 +347,13 @@ def test_fsdp1_wraps_in_fully_sharded_data_parallel_and_matches_ddp(results):
     for r in results:
         assert r["fsdp1_wrapper"] == ["FullyShardedDataParallel", "FULL_SHARD", "BACKWARD_PRE"]
         assert max_diff(weights(r, "fsdp1"), weights(results[0], "ddp")) < 1e-5
+
+
+def test_context_parallelism_splits_sequences_through_the_ring_and_trains_as_one_process(results):
+    for r in results:
+        assert r["cp_local_length"] == 4  # half of each 8-token sequence on each rank
+        assert r["cp_ring_calls"] == [2, 2]  # forward and backward of 2 steps through the ring
+    assert results[0]["cp_weights_diff"] < 1e-5
 
 
 def test_regional_compilation_under_fsdp2_compiles_blocks_in_place_and_trains_as_eager(results):

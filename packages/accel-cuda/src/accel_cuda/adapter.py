@@ -201,5 +201,10 @@ class CUDAAdapter(Adapter):
             if isinstance(obj, DataLoaderShard) and obj.pin_memory and obj.device is not None:
                 obj.non_blocking = True
 
+    def context_parallel_kernels(self) -> Any:
+        """For `maybe_context_parallel`: on a GPU nothing (torch's ring dispatches CUDA's attention kernels);
+        emulated, the host's flash kernel registered in torch's ring for the block."""
+        return self.vendor.context_parallel_kernels()
+
     def describe(self) -> str:
         return f"{super().describe()} pin_memory={self.pins_memory()} non_blocking={self.config.non_blocking}"

@@ -202,3 +202,11 @@ def is_ao_linear(module: torch.nn.Module) -> bool:
     from torchao.float8.float8_linear import Float8Linear
 
     return isinstance(module, Float8Linear)
+
+
+def context_parallel_kernels() -> Any:
+    """Nothing to register: torch's context-parallel ring dispatches CUDA's flash, efficient and cuDNN attention
+    kernels itself."""
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -228,3 +228,94 @@ def ao_precompute_fsdp_scales(model: torch.nn.Module) -> None:
 
 def is_ao_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, AOFloat8Linear)
+
+
+# ---- context parallelism: the host's attention kernel in the ring, in place of the GPU's ---------------------
+def context_parallel_kernels() -> Any:
+    """Stands for the GPU's flash-attention kernel inside torch's context-parallel ring: on the emulated GPU,
+    `scaled_dot_product_attention` runs the host's flash kernel, which torch's ring does not dispatch, so for the
+    block its forward and backward go through torch's own ring algorithm (`_templated_ring_attention`, load
+    balancing and rotation as on a GPU) with the host kernel computing each chunk. Counted in
+    `calls["ring_attention"]` / `calls["ring_attention_backward"]`."""
+    import contextlib
+
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+
+    aten = torch.ops.aten
+    forward, backward = (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    )
+
+    def chunk_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kw: Any) -> Any:
+        return forward(query, key, value, kw.get("dropout_p", 0.0), kw.get("is_causal", False), scale=kw.get("scale"))
+
+    def chunk_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kw: Any) -> Any:
+        return backward(
+            kw["grad_out"],
+            query,
+            key,
+            value,
+            kw["out"],
+            kw["logsumexp"],
+            kw.get("dropout_p", 0.0),
+            kw["is_causal"],
+            scale=kw.get("scale"),
+        )
+
+    def on_forward(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        calls["ring_attention"] += 1
+        q, k, v = args[:3]
+        dropout_p = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
+        is_causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+        out, lse = ring._templated_ring_attention(
+            q.device_mesh.get_group(),
+            2,
+            chunk_forward,
+            q.to_local(),
+            k.to_local(),
+            v.to_local(),
+            is_causal=is_causal,
+            dropout_p=dropout_p,
+            scale=kwargs.get("scale"),
+        )[:2]
+        return tuple(_like(t, q) for t in (out, lse))
+
+    def on_backward(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        calls["ring_attention_backward"] += 1
+        grad_out, q, k, v, out, lse, dropout_p, is_causal = args[:8]
+        grads = ring._templated_ring_attention_backward(
+            q.device_mesh.get_group(),
+            2,
+            chunk_backward,
+            grad_out=grad_out.to_local(),
+            grad_out_name="grad_out",
+            query=q.to_local(),
+            key=k.to_local(),
+            value=v.to_local(),
+            out=out.to_local(),
+            logsumexp=lse.to_local(),
+            is_causal=is_causal,
+            dropout_p=dropout_p,
+            scale=kwargs.get("scale"),
+        )[:3]
+        return tuple(_like(g, q) for g in grads)
+
+    @contextlib.contextmanager
+    def registered() -> Any:
+        handlers = {forward: on_forward, backward: on_backward}
+        ring.custom_ops.update(handlers)
+        try:
+            yield
+        finally:
+            for op in handlers:
+                ring.custom_ops.pop(op, None)
+
+    return registered()
+
+
+def _like(local: torch.Tensor, reference: Any) -> Any:
+    """`local` as a DTensor split along the sequence (dim 2) like `reference`."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(local, reference.device_mesh, [Shard(2)], run_check=False)

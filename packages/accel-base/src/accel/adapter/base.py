@@ -277,6 +277,12 @@ class Adapter(LegacyPrepareHooks):
         vendor's parallel-state object its model code expects. Default: none."""
         return {}
 
+    def context_parallel_kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around torch's `context_parallel` in `Accelerator.maybe_context_parallel`: an adapter whose
+        attention kernels torch's context-parallel ring does not dispatch (an emulated device running the host's
+        kernel in place of the device's) registers them for the block. Default: nothing."""
+        return contextlib.nullcontext()
+
     def process_group_options(self, device: torch.device) -> dict[str, Any]:
         """Extra keyword arguments for `torch.distributed.init_process_group` (e.g. `pg_options` for the
         backend, `device_id=device` for eager initialisation). Default: none."""

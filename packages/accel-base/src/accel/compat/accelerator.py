@@ -284,11 +284,14 @@ class AcceleratorCompatMixin:
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
         set_rotate_method(pc.cp_handler.cp_comm_strategy)
-        with context_parallel(
-            self.torch_device_mesh["cp"],
-            buffers=buffers,
-            buffer_seq_dims=buffer_seq_dims,
-            no_restore_buffers=no_restore_buffers,
+        with (
+            self.adapter.context_parallel_kernels(),  # type: ignore[attr-defined]
+            context_parallel(
+                self.torch_device_mesh["cp"],
+                buffers=buffers,
+                buffer_seq_dims=buffer_seq_dims,
+                no_restore_buffers=no_restore_buffers,
+            ),
         ):
             yield
 
