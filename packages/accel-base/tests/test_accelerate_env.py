@@ -82,6 +82,33 @@ def test_deepspeed_selection_and_plugin_fields() -> None:
     }
 
 
+def test_deepspeed_moe_leaves_and_accelerates_config_file_rule() -> None:
+    """`ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES` becomes the plugin's `transformer_moe_cls_names`; with a
+    `deepspeed_config_file`, plugin-level keys listed in `ACCELERATE_CONFIG_DS_FIELDS` (from Accelerate's config
+    file) are refused with Accelerate's message, and the same keys in that file's `deepspeed_config` too."""
+    from accel.compat.settings import SettingError, deepspeed_file_kwargs
+
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "MixtralSparseMoeBlock"}
+    apply_accelerate_env(env)
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {"transformer_moe_cls_names": "MixtralSparseMoeBlock"}
+    env = {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds.json",
+        "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero_stage,zero3_init_flag",
+    }
+    with pytest.raises(SettingError, match=r"ACCELERATE_CONFIG_DS_FIELDS: When using `deepspeed_config_file`, the fol"):
+        apply_accelerate_env(env)
+    env["ACCELERATE_CONFIG_DS_FIELDS"] = "deepspeed_config_file,zero3_init_flag"
+    apply_accelerate_env(env)
+    assert json.loads(env["ACCEL_STRATEGY_CONFIG"])["hf_ds_config"] == "ds.json"
+    with pytest.raises(SettingError, match=r"^gradient_clipping: When using `deepspeed_config_file`"):
+        deepspeed_file_kwargs({"deepspeed_config_file": "ds.json", "gradient_clipping": 1.0})
+    assert deepspeed_file_kwargs({"deepspeed_config_file": "ds.json", "zero3_init_flag": True})[0] == {
+        "hf_ds_config": "ds.json",
+        "zero3_init_flag": True,
+    }
+
+
 def test_accel_variables_win_over_accelerate_ones() -> None:
     env = {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCEL_MIXED_PRECISION": "bf16"}
     apply_accelerate_env(env)

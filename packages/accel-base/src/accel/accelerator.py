@@ -852,14 +852,19 @@ class Accelerator(AcceleratorCompatMixin):
         Accelerate's extra arguments, as far as accel's loader can honour them: `map_location` ("cpu",
         "on_device" or None; states are read on the host and each optimizer moves its state to its parameters'
         device, which is where both choices end up); `load_kwargs={"weights_only": True}` (what accel always
-        does). accel never unpickles arbitrary objects, so `weights_only=False` is refused, and so is anything
-        else in `load_kwargs` or any other keyword (Accelerate hands those to `torch.load` and the model loader).
+        does). Keywords the strategy's engine load takes go there, as Accelerate passes them to DeepSpeed's
+        `load_checkpoint` (`load_optimizer_states=False`, `load_module_only=True`, ...: `Strategy.takes_load_kwargs`).
+        accel never unpickles arbitrary objects, so `weights_only=False` is refused, and so is anything else in
+        `load_kwargs` or any other keyword (Accelerate hands those to `torch.load` and the model loader).
 
         Raises:
             CheckpointError: no checkpoint, an incomplete one, or a damaged or unsafe file.
             TypeError: a `map_location` other than "cpu", "on_device" or None (Accelerate's error).
             UnsupportedLoadArgumentError: `weights_only=False` or another argument accel cannot honour.
         """
+        engine_kwargs = {
+            k: load_model_func_kwargs.pop(k) for k in self.strategy.takes_load_kwargs & set(load_model_func_kwargs)
+        }
         _check_load_arguments(load_kwargs, load_model_func_kwargs)
         cfg = self.project_configuration
         number: int | None
@@ -874,7 +879,8 @@ class Accelerator(AcceleratorCompatMixin):
             number, input_dir = found[-1]
         else:
             number = ckpt.checkpoint_number(input_dir)
-        manifest = ckpt.load_state(self.prepared, self._run(), input_dir, strict=strict)
+        run = dataclasses.replace(self._run(), load_model_kwargs=engine_kwargs) if engine_kwargs else self._run()
+        manifest = ckpt.load_state(self.prepared, run, input_dir, strict=strict)
         self.step = int(manifest.get("step", 0))
         if cfg.automatic_checkpoint_naming and number is not None:
             # Continue numbering after the loaded checkpoint instead of colliding with it.

@@ -150,7 +150,13 @@ from .settings.kwargs import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .strategies.deepspeed.config import DeepSpeedPlugin, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
+from .strategies.deepspeed.config import (
+    DeepSpeedPlugin,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+)
 from .strategies.fsdp import FSDPConfig as FullyShardedDataParallelPlugin
 from .strategies.fsdp_files import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 from .strategies.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
@@ -254,6 +260,7 @@ __all__ = [
     "DistributedOperationException",
     "DistributedType",
     "DummyOptim",
+    "HfDeepSpeedConfig",
     "DummyScheduler",
     "DynamoBackend",
     "FP8RecipeKwargs",

@@ -497,3 +497,64 @@ def test_transformers_sees_zero3_only_while_the_flag_is_on():
         "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
         "bf16": {"enabled": True},
     }
+
+
+def test_hf_deepspeed_config_reads_as_accelerates_and_is_the_plugins_live_config(tmp_path: Path):
+    """`HfDeepSpeedConfig` (Accelerate's, which transformers subclasses) from a dict, a file, JSON and base64
+    JSON; `DeepSpeedPlugin(hf_ds_config=...)` takes one (or makes one) whose `config` is the plugin's config, and
+    transformers' Trainer's way of swapping it (`plugin.deepspeed_config = new.config`) is what the engine gets."""
+    import base64
+    import json
+
+    from accel.utils import HfDeepSpeedConfig
+
+    user = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": "auto"}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    encoded = base64.urlsafe_b64encode(json.dumps(user).encode()).decode()
+    for source in (user, str(path), json.dumps(user), encoded):
+        hf = HfDeepSpeedConfig(source)
+        assert hf.config == user and hf.config is not user
+        assert (hf.is_zero3(), hf.is_zero2(), hf.is_offload()) == (True, False, True)
+        assert hf.get_value("zero_optimization.offload_param.device") == "cpu"
+        assert hf.get_value("zero_optimization.missing.key", 7) == 7
+        assert hf.is_true("bf16.enabled") and not hf.is_false("bf16.enabled")
+    hf.del_config_sub_tree("zero_optimization.offload_param")
+    assert "offload_param" not in hf.config["zero_optimization"]
+    with pytest.raises(ValueError, match=r"Can't find a\.b entry in the config"):
+        hf.del_config_sub_tree("a.b", must_exist=True)
+    with pytest.raises(ValueError, match="Expected a string path to an existing deepspeed config"):
+        HfDeepSpeedConfig("not json at all")
+
+    given = HfDeepSpeedConfig({"zero_optimization": {"stage": 1}})
+    plugin = DeepSpeedPlugin(hf_ds_config=given)
+    assert plugin.hf_ds_config is given and plugin.deepspeed_config is given.config
+    assert plugin.zero_stage_resolved == 1
+    from_dict = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}})
+    assert isinstance(from_dict.hf_ds_config, HfDeepSpeedConfig) and from_dict.hf_ds_config.is_zero3()
+    assert from_dict.hf_ds_config.config is from_dict.deepspeed_config
+    # transformers' Trainer: ds_plugin.hf_ds_config = Sub(ds_plugin.hf_ds_config.config);
+    # ds_plugin.deepspeed_config = ds_plugin.hf_ds_config.config; then it fills "auto" in that dict.
+    swapped = HfDeepSpeedConfig(plugin.hf_ds_config.config)
+    plugin.hf_ds_config = swapped
+    plugin.deepspeed_config = swapped.config
+    swapped.config["gradient_clipping"] = 0.25
+    config = resolve_config(plugin, values())
+    assert config["gradient_clipping"] == 0.25 and config["zero_optimization"]["stage"] == 1
+
+
+def test_an_engine_overflow_is_a_skipped_step():
+    """Accelerate's DeepSpeed wrapper reports the engine optimizer's `overflow` (an fp16 step DeepSpeed skipped;
+    its CPU accelerator has no fp16, so the engine optimizer here is a stand-in with that one attribute)."""
+    from accel.prepare.wrappers import AcceleratedOptimizer
+    from accel.strategies.deepspeed import DeepSpeedOptimizerWrapper
+
+    class EngineOptimizer:
+        param_groups: list = []
+        overflow = False
+
+    engine_optimizer = EngineOptimizer()
+    prepared = AcceleratedOptimizer(DeepSpeedOptimizerWrapper(engine_optimizer))
+    assert not prepared.step_was_skipped
+    engine_optimizer.overflow = True
+    assert prepared.step_was_skipped and prepared.is_overflow

@@ -452,12 +452,25 @@ with pytest.raises(ValueError, match=r"save_state\\(tag=...\\): accel sets these
     acc.save_state(out / "tagged", tag="mine")
 assert not (out / "tagged").exists()
 acc.print("SAVE_KWARGS reach save_checkpoint")
+# load_state's keywords reach load_checkpoint, as in Accelerate: DeepSpeed calls the custom loader with the saved
+# module state instead of loading it itself; keywords accel sets itself (the tag) are refused by name.
+seen = []
+def custom_load_fn(src, dst):
+    seen.append(sorted(src))
+    dst.load_state_dict(src, strict=False)
+acc.load_state(out / "all", custom_load_fn=custom_load_fn, load_optimizer_states=False)
+assert seen and "1.weight" in seen[0], seen
+from accel.accelerator import UnsupportedLoadArgumentError
+with pytest.raises(UnsupportedLoadArgumentError, match="tag= cannot be honoured"):
+    acc.load_state(out / "all", tag="mine")
+acc.print("LOAD_KWARGS reach load_checkpoint")
 """
 
 
-def test_save_state_keyword_arguments_reach_deepspeeds_save_checkpoint(write_script, tmp_path: Path):
+def test_save_and_load_state_keyword_arguments_reach_deepspeeds_engine(write_script, tmp_path: Path):
     proc = launch(write_script(SAVE_KWARGS), str(tmp_path), nproc=1, timeout=600)
     assert "SAVE_KWARGS reach save_checkpoint" in proc.stdout, proc.stdout
+    assert "LOAD_KWARGS reach load_checkpoint" in proc.stdout, proc.stdout
 
 
 DEEPSPEED_CONFIG_VIEW = """

@@ -94,7 +94,7 @@ DEEPSPEED_HELP = {
     "zero3_init_flag": "DeepSpeedPlugin.zero3_init_flag (true/false)",
     "zero3_save_16bit_model": "DeepSpeedPlugin.zero3_save_16bit_model (true/false)",
     "deepspeed_multinode_launcher": "only `standard` (torchrun on each node)",
-    "deepspeed_moe_layer_cls_names": "refused: set MoE leaf modules in the script (deepspeed.utils.set_z3_leaf_modules)",
+    "deepspeed_moe_layer_cls_names": "DeepSpeedPlugin.transformer_moe_cls_names: ZeRO-3 leaf modules (comma-separated class names)",
 }
 _DS_LAUNCHER = "accel launch starts every node through torchrun; run `accel launch --nnodes N` on each node"
 FSDP_HELP = {

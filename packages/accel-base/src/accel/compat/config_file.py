@@ -20,7 +20,7 @@ from typing import Any
 
 from ..settings.config_file import PRECISIONS, ConfigError
 from ..settings.launch import check_host
-from .settings import SettingError, as_bool, deepspeed_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
+from .settings import SettingError, as_bool, deepspeed_file_kwargs, dynamo_kwargs, fsdp_kwargs, megatron_kwargs
 
 STRATEGY_TYPES = {"FSDP": "fsdp2", "DEEPSPEED": "deepspeed", "MEGATRON_LM": "megatron"}
 
@@ -303,7 +303,7 @@ _HANDLERS: dict[str, Handler] = {
     "rdzv_backend": _set("rdzv_backend", lambda k, v: str(v)),
     "dynamo_config": _dynamo,
     "fsdp_config": _strategy_section("FSDP", fsdp_kwargs),
-    "deepspeed_config": _strategy_section("DEEPSPEED", deepspeed_kwargs),
+    "deepspeed_config": _strategy_section("DEEPSPEED", deepspeed_file_kwargs),
     "megatron_lm_config": _strategy_section("MEGATRON_LM", megatron_kwargs),
     "gpu_ids": _set("gpu_ids", lambda k, v: str(v)),  # "all" (Accelerate's default) restricts nothing
     "enable_cpu_affinity": _refuse_when_set("bind the processes with numactl or taskset around `accel launch`"),

@@ -29,6 +29,7 @@ from .settings import (
     MEGATRON_RENAMES,
     SettingError,
     as_bool,
+    check_config_file_fields,
     deepspeed_kwargs,
     dynamo_kwargs,
     fsdp_kwargs,
@@ -66,6 +67,7 @@ _DEEPSPEED_VARS = {
     "ACCELERATE_DEEPSPEED_ZERO3_INIT": "zero3_init_flag",
     "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "zero3_save_16bit_model",
     "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+    "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "deepspeed_moe_layer_cls_names",
 }
 # Set by `accelerate launch` with nothing to honour: they change no numbers.
 _HARMLESS = {"ACCELERATE_CONFIG_DS_FIELDS", "ACCELERATE_ENABLE_RICH", "ACCELERATE_LOG_LEVEL"}
@@ -151,6 +153,12 @@ def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: st
     else:
         var_of = {key: var for var, key in _DEEPSPEED_VARS.items() if var in env}
         settings, notes, translate = {key: env[var] for key, var in var_of.items()}, [], deepspeed_kwargs
+        if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none") not in ("", "none"):
+            # `accelerate launch` lists its config file's `deepspeed_config` keys here (Accelerate's check).
+            try:
+                check_config_file_fields(env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(","))
+            except SettingError as exc:
+                raise SettingError("ACCELERATE_CONFIG_DS_FIELDS", str(exc).split(": ", 1)[1]) from None
     try:
         kwargs, more = translate(settings)
     except SettingError as exc:

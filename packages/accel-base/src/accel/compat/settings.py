@@ -11,7 +11,7 @@ returned as a note for the caller to print.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import SettingError
@@ -182,12 +182,56 @@ _DEEPSPEED_FIELDS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 _DEEPSPEED_MULTINODE = ("deepspeed_hostfile", "deepspeed_inclusion_filter", "deepspeed_exclusion_filter")
 
 
+# Accelerate's plugin-level DeepSpeed settings that a `deepspeed_config_file` owns: naming one of them in
+# Accelerate's config file next to the DeepSpeed file is an error there (`_deepspeed_config_checks`).
+_OWNED_BY_DEEPSPEED_FILE = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+    "mixed_precision",
+)
+
+
+def check_config_file_fields(fields: Iterable[str]) -> None:
+    """Accelerate's refusal of plugin-level DeepSpeed settings in its config file next to `deepspeed_config_file`
+    (`fields`: the config file's `deepspeed_config` keys, or `ACCELERATE_CONFIG_DS_FIELDS`).
+
+    Raises:
+        SettingError: one of them is named (Accelerate's message).
+    """
+    named = sorted(set(fields) & set(_OWNED_BY_DEEPSPEED_FILE))
+    if named:
+        raise SettingError(
+            named[0],
+            "When using `deepspeed_config_file`, the following accelerate config variables will be ignored: "
+            f"{list(_OWNED_BY_DEEPSPEED_FILE)}. Please specify them appropriately in the DeepSpeed config file. If "
+            "you are using an accelerate config file, remove others config variables mentioned in the above "
+            "specified list.",
+        )
+
+
+def deepspeed_file_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`deepspeed_kwargs` for the `deepspeed_config` section of Accelerate's config file, which also applies
+    Accelerate's rule that the section names no plugin-level setting next to `deepspeed_config_file`.
+
+    Raises:
+        SettingError: as `deepspeed_kwargs`, or `check_config_file_fields`.
+    """
+    if settings.get("deepspeed_config_file") not in (None, "", "none"):
+        check_config_file_fields(k for k, v in settings.items() if v is not None)
+    return deepspeed_kwargs(settings)
+
+
 def deepspeed_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """`DeepSpeedPlugin` keyword arguments for Accelerate's DeepSpeed settings, and notes to print.
 
     Raises:
-        SettingError: DeepSpeed's own multi-node launcher settings, MoE leaf classes, or an
-            unknown key.
+        SettingError: DeepSpeed's own multi-node launcher settings, or an unknown key.
     """
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -205,7 +249,7 @@ def deepspeed_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[
             if str(value).lower() != "standard":
                 raise SettingError(key, "only 'standard' (torchrun on each node) is supported")
         elif key == "deepspeed_moe_layer_cls_names":
-            raise SettingError(key, "set MoE leaf modules in the script with deepspeed.utils.set_z3_leaf_modules")
+            out["transformer_moe_cls_names"] = ",".join(_names(value))
         else:
             raise SettingError(key, "not a DeepSpeed setting accel knows")
     return out, notes

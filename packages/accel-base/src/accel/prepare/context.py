@@ -98,6 +98,9 @@ class RunContext:
     save_model_kwargs: dict[str, Any] = field(default_factory=dict)
     """In `save_checkpoint_state`: the keyword arguments the user gave `save_state` (Accelerate's
     `save_model_func_kwargs`), for a strategy whose engine saves itself (`Strategy.takes_save_kwargs`)."""
+    load_model_kwargs: dict[str, Any] = field(default_factory=dict)
+    """`Accelerator.load_state`'s keyword arguments that the strategy's engine load takes
+    (`Strategy.takes_load_kwargs`), as Accelerate passes them to DeepSpeed's `load_checkpoint`."""
 
     def handler(self, kind: type) -> Any:
         """The kwargs handler that is an instance of `kind`, or None."""

@@ -289,7 +289,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last `step()` was skipped because gradients overflowed (fp16)."""
+        """Whether the last `step()` was skipped because gradients overflowed (fp16): by the run's grad scaler,
+        or by the engine of a strategy that scales the loss itself (its optimizer's own `step_was_skipped`)."""
+        if getattr(self.optimizer, "step_was_skipped", False) is True:
+            return True
         return self.precision.step_was_skipped(self._scale_before)
 
     @property

@@ -235,6 +235,10 @@ class Strategy:
     `Accelerator.save_state`) to its engine's save, as Accelerate does for DeepSpeed's `save_checkpoint`;
     otherwise the Accelerator warns that they are ignored."""
 
+    takes_load_kwargs: ClassVar[frozenset[str]] = frozenset()
+    """Keyword arguments of `Accelerator.load_state` that `load_checkpoint_state` passes to its engine's load
+    (`ctx.load_model_kwargs`), as Accelerate does for DeepSpeed's `load_checkpoint`; any other is refused."""
+
     reserved_save_kwargs: ClassVar[tuple[str, ...]] = ()
     """Keyword arguments of the engine's save that accel sets itself (a checkpoint's directory and
     tags): `save_state` refuses them with a ValueError before writing anything."""

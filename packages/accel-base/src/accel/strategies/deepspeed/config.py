@@ -7,6 +7,7 @@ value the engine sees; docs/deepspeed.md has the precedence as a table.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
@@ -30,6 +31,100 @@ class DeepSpeedConfigError(AccelError, ValueError):
     """A DeepSpeed setting conflicts with the Accelerator's, or cannot be filled."""
 
 
+class HfDeepSpeedConfig:
+    """A parsed DeepSpeed config that can be queried (Accelerate's `accelerate.utils.HfDeepSpeedConfig`, which
+    transformers subclasses): `config` is the dict, `is_zero3()` / `is_offload()` / `get_value("a.b")` read it.
+
+    Takes a dict (copied), a path to a JSON file, a JSON string or a base64 (URL-safe) encoded JSON string.
+    `DeepSpeedPlugin(hf_ds_config=...)` takes one and keeps it: its `config` is the plugin's live config.
+
+    Raises:
+        ValueError: anything else (Accelerate's message).
+    """
+
+    def __init__(self, config_file_or_dict: Any) -> None:
+        self.config: dict[str, Any] = _parse_config(config_file_or_dict)
+        self.set_stage_and_offload()
+
+    def set_stage_and_offload(self) -> None:
+        """Read the ZeRO stage (-1 when unset) and whether ZeRO-2/3 offloads to "cpu" or "nvme"."""
+        self._stage = self.get_value("zero_optimization.stage", -1)
+        devices = {
+            self.get_value("zero_optimization.offload_optimizer.device"),
+            self.get_value("zero_optimization.offload_param.device"),
+        }
+        self._offload = (self.is_zero2() or self.is_zero3()) and bool(devices & {"cpu", "nvme"})
+
+    def find_config_node(self, ds_key_long: str) -> tuple[dict[str, Any] | None, str]:
+        """The dict holding the last part of a dotted key, and that part (None when a parent is missing)."""
+        *parents, key = ds_key_long.split(".")
+        node: Any = self.config
+        for name in parents:
+            node = node.get(name)
+            if node is None:
+                return None, key
+        return node, key
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The value at a dotted key (`"zero_optimization.stage"`), or `default` when it is not set."""
+        node, key = self.find_config_node(ds_key_long)
+        return default if node is None else node.get(key, default)
+
+    def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        """Remove the section at a dotted key; a missing one is an error only with `must_exist`."""
+        node: Any = self.config
+        parent: Any = None
+        name = ""
+        for name in ds_key_long.split("."):
+            parent, node = node, node.get(name)
+            if node is None:
+                if must_exist:
+                    raise ValueError(f"Can't find {ds_key_long} entry in the config: {self.config}")
+                return
+        if parent is not None:
+            parent.pop(name)
+
+    def is_true(self, ds_key_long: str) -> bool:
+        """True only if the key is set to a true value."""
+        value = self.get_value(ds_key_long)
+        return False if value is None else bool(value)
+
+    def is_false(self, ds_key_long: str) -> bool:
+        """True only if the key is set to a false value."""
+        value = self.get_value(ds_key_long)
+        return False if value is None else not bool(value)
+
+    def is_zero2(self) -> bool:
+        return bool(self._stage == 2)
+
+    def is_zero3(self) -> bool:
+        return bool(self._stage == 3)
+
+    def is_offload(self) -> bool:
+        return bool(self._offload)
+
+
+def _parse_config(value: Any) -> dict[str, Any]:
+    """A DeepSpeed config from a dict (copied), a JSON file, a JSON string or base64-encoded JSON."""
+    if isinstance(value, dict):
+        return copy.deepcopy(value)
+    if isinstance(value, (str, Path)) and Path(value).is_file():
+        return load_config(value)
+    try:
+        try:
+            loaded = json.loads(value)
+        except json.JSONDecodeError:
+            loaded = json.loads(base64.urlsafe_b64decode(value).decode("utf-8"))
+    except (UnicodeDecodeError, AttributeError, ValueError, TypeError):
+        raise ValueError(
+            "Expected a string path to an existing deepspeed config, or a dictionary, or a base64 encoded string. "
+            f"Received: {value}"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"A DeepSpeed config must be a JSON object; got {type(loaded).__name__}.")
+    return loaded
+
+
 @dataclass(kw_only=True)
 class DeepSpeedPlugin:
     """How the DeepSpeed engine trains. Pass it as `Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))`.
@@ -40,8 +135,11 @@ class DeepSpeedPlugin:
     `DeepSpeedConfigError` naming both.
     """
 
-    hf_ds_config: str | Path | dict[str, Any] | None = None
-    """A DeepSpeed config: a path to a JSON file or a dict. Values may be "auto" (filled by accel)."""
+    hf_ds_config: Any = None
+    """A DeepSpeed config: a path to a JSON file, a dict, or an `HfDeepSpeedConfig` (Accelerate's or
+    transformers' included). Values may be "auto" (filled by accel). After construction it is an
+    `HfDeepSpeedConfig`-like object whose `config` is this plugin's live config (`deepspeed_config`), as in
+    Accelerate (transformers' Trainer reads `plugin.hf_ds_config.config`)."""
     zero_stage: int | None = None
     """ZeRO stage: 0 (data parallel), 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters).
     Each stage saves memory and adds communication. Default 2."""
@@ -70,6 +168,13 @@ class DeepSpeedPlugin:
     zero3_save_16bit_model: bool | None = None
     """ZeRO-3 `save_model`: gather the weights in the training dtype (16-bit under bf16/fp16).
     Sets `stage3_gather_16bit_weights_on_model_save`. Default True."""
+    is_train_batch_min: bool = True
+    """When several data loaders are prepared (train and eval), whether the smallest per-process batch size
+    (True, Accelerate's default) or the largest fills `train_micro_batch_size_per_gpu` when it is "auto"."""
+    transformer_moe_cls_names: str | None = None
+    """Comma-separated class names of the model's mixture-of-experts layers: under ZeRO-3 each is a leaf module
+    (`deepspeed.utils.set_z3_leaf_modules`), gathered whole instead of parameter by parameter, as Accelerate sets
+    them before building the engine. A name no module has is an error."""
     extra_config: dict[str, Any] = field(default_factory=dict)
     """Merged into the config last (keys the plugin has no field for)."""
     _selected: bool = field(default=False, init=False, repr=False, compare=False)
@@ -85,7 +190,14 @@ class DeepSpeedPlugin:
             raise ValueError(f"gradient_accumulation_steps must be >= 1; got {self.gradient_accumulation_steps}.")
         if self.gradient_clipping is not None and self.gradient_clipping < 0:
             raise ValueError(f"gradient_clipping must be >= 0; got {self.gradient_clipping}.")
-        self.user_config = load_config(self.hf_ds_config)
+        if self.hf_ds_config is not None and isinstance(getattr(self.hf_ds_config, "config", None), dict):
+            # An HfDeepSpeedConfig (accel's, Accelerate's or transformers' subclass): its dict is the config, as
+            # in Accelerate, so what its owner writes into it later (transformers fills "auto") is seen here.
+            self.user_config = self.hf_ds_config.config
+        else:
+            self.user_config = load_config(self.hf_ds_config)
+            self.hf_ds_config = HfDeepSpeedConfig(self.user_config)
+            self.hf_ds_config.config = self.user_config
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.zero_stage_resolved == 3
         elif self.zero3_init_flag and self.zero_stage_resolved != 3:
@@ -147,6 +259,29 @@ class DeepSpeedPlugin:
         if self.zero_stage is not None:
             zero.setdefault("stage", self.zero_stage)
         return config
+
+    @deepspeed_config.setter
+    def deepspeed_config(self, value: dict[str, Any]) -> None:
+        """Replace the config (transformers' Trainer assigns its processed `hf_ds_config.config`)."""
+        if not isinstance(value, dict):
+            raise TypeError(f"deepspeed_config must be a dict; got {type(value).__name__}.")
+        self.user_config = value
+
+    def moe_leaf_classes(self, model: torch.nn.Module) -> list[type[torch.nn.Module]]:
+        """The classes `transformer_moe_cls_names` names, found among `model`'s modules.
+
+        Raises:
+            ValueError: a name no module of the model has (Accelerate's message).
+        """
+        if not self.transformer_moe_cls_names:
+            return []
+        by_name = {type(m).__name__: type(m) for m in model.modules()}
+        classes = []
+        for name in (n.strip() for n in self.transformer_moe_cls_names.split(",")):
+            if name not in by_name:
+                raise ValueError(f"Could not find a transformer layer class called '{name}' to wrap in the model.")
+            classes.append(by_name[name])
+        return classes
 
     def is_zero3_init_enabled(self) -> bool:
         """Whether models are partitioned as they are built (`zero3_init_flag`, resolved)."""
@@ -222,13 +357,17 @@ def offloads_to_cpu_optimizer(config: dict[str, Any]) -> bool:
 
 
 def load_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any]:
-    """The user's config as a fresh dict (a JSON file is read; a dict is deep-copied)."""
+    """The user's config as a fresh dict (a JSON file is read; a dict is deep-copied; a string that is no file
+    is read as JSON or base64-encoded JSON, as Accelerate's `HfDeepSpeedConfig` reads it)."""
     if config is None:
         return {}
     if isinstance(config, dict):
         return copy.deepcopy(config)
     path = Path(config)
     if not path.is_file():
+        if isinstance(config, str) and not config.endswith(".json"):
+            with contextlib.suppress(ValueError):
+                return _parse_config(config)  # a JSON or base64-encoded JSON string, as Accelerate takes
         raise FileNotFoundError(f"DeepSpeed config file {path} does not exist.")
     try:
         loaded = json.loads(path.read_text())

@@ -82,8 +82,14 @@ class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         return None
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
         return None
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the engine skipped its last step: its optimizer's `overflow` (fp16 loss scaling found inf/nan
+        gradients), as Accelerate's wrapper reports it."""
+        return bool(getattr(self.optimizer, "overflow", False))
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()  # type: ignore[no-any-return]

@@ -33,6 +33,7 @@ from .config import (
     DeepSpeedPlugin,
     DummyOptim,
     DummyScheduler,
+    HfDeepSpeedConfig,
     model_hidden_size,
     offloads_to_cpu_optimizer,
     resolve_config,
@@ -58,6 +59,7 @@ __all__ = [
     "DummyOptim",
     "DummyScheduler",
     "EngineRecord",
+    "HfDeepSpeedConfig",
     "UnknownDeepSpeedPluginError",
     "map_pytorch_optim_to_deepspeed",
     "verify_engine_checkpoint",
@@ -150,6 +152,15 @@ class DeepSpeedStrategy(Strategy):
     name: ClassVar[str] = "deepspeed"
     takes_save_kwargs: ClassVar[bool] = True
     reserved_save_kwargs: ClassVar[tuple[str, ...]] = ("save_dir", "tag", "save_latest")
+    takes_load_kwargs: ClassVar[frozenset[str]] = frozenset(
+        {
+            "load_module_strict",
+            "load_optimizer_states",
+            "load_lr_scheduler_states",
+            "load_module_only",
+            "custom_load_fn",
+        }
+    )
     scales_loss_for_accumulation: ClassVar[bool] = False
     owns_loss_scaling: ClassVar[bool] = True
     compiles_model: ClassVar[bool] = True
@@ -308,7 +319,7 @@ class DeepSpeedStrategy(Strategy):
         config = resolve_config(
             plugin,
             AcceleratorValues(
-                micro_batch_size=_micro_batch_size(prepared, ctx.num_processes),
+                micro_batch_size=_micro_batch_size(prepared, ctx.num_processes, plugin.is_train_batch_min),
                 gradient_accumulation_steps=ctx.gradient_accumulation_steps,
                 num_processes=ctx.num_processes,
                 mixed_precision=ctx.mixed_precision,
@@ -324,6 +335,11 @@ class DeepSpeedStrategy(Strategy):
         scheduler_arg = _scheduler_argument(config, client_sched, dummy_sched, dummy_opt)
 
         deepspeed = self._init_distributed(ctx.adapter.backend)
+        leaves = plugin.moe_leaf_classes(model)
+        if leaves:  # ZeRO-3 gathers each mixture-of-experts layer whole (Accelerate's `set_moe_leaf_modules`)
+            from deepspeed.utils import set_z3_leaf_modules
+
+            set_z3_leaf_modules(model, leaves)
         ds_client_optimizer = client_opt
         if client_opt is not None and dummy_opt is None and offloads_to_cpu_optimizer(config):
             # ZeRO-Offload steps on the host with DeepSpeed's CPU optimizer (Accelerate's mapping).
@@ -502,9 +518,9 @@ class DeepSpeedStrategy(Strategy):
         from_accelerate = found is not None and found.manifest.get("written_by") == "accelerate"
         engine_schedulers = not (from_accelerate and any(directory.glob("scheduler*.bin")))
         for tag, engine in engines:
-            path, _ = engine.load_checkpoint(
-                str(directory), tag=tag, load_module_strict=strict, load_lr_scheduler_states=engine_schedulers
-            )
+            # `load_state(**kwargs)` go to the engine's load, as in Accelerate (they win over accel's choices).
+            kwargs = {"load_module_strict": strict, "load_lr_scheduler_states": engine_schedulers}
+            path, _ = engine.load_checkpoint(str(directory), tag=tag, **{**kwargs, **ctx.load_model_kwargs})
             if path is None:
                 raise CheckpointError(f"DeepSpeed could not load the checkpoint in {directory / tag}.")
         return True
@@ -539,13 +555,13 @@ class DeepSpeedStrategy(Strategy):
         return config
 
 
-def _micro_batch_size(prepared: Prepared, num_processes: int) -> int | None:
-    """Per-process batch size of the first prepared data loader."""
-    for loader in prepared.dataloaders:
-        total = getattr(loader, "total_batch_size", None)
-        if total is not None:
-            return int(total) // num_processes
-    return None
+def _micro_batch_size(prepared: Prepared, num_processes: int, smallest: bool = True) -> int | None:
+    """Per-process batch size of the prepared data loaders: the smallest (`is_train_batch_min`, Accelerate's
+    default) or the largest when there are several (train and eval)."""
+    sizes = [int(t) // num_processes for t in (getattr(d, "total_batch_size", None) for d in prepared.dataloaders) if t]
+    if not sizes:
+        return None
+    return min(sizes) if smallest else max(sizes)
 
 
 def _scheduler_argument(
