@@ -35,8 +35,18 @@ def test_clipping_default_is_1_and_every_user_setting_wins(emulate: bool):
     assert DEEPSPEED_GRADIENT_CLIPPING == 1.0
     assert adapter.strategy_defaults("ddp") == {} and adapter.strategy_defaults("fsdp2") == {}
     assert resolved(DeepSpeedPlugin(), adapter)["gradient_clipping"] == 1.0
-    assert resolved(DeepSpeedPlugin(hf_ds_config={"gradient_clipping": "auto"}), adapter)["gradient_clipping"] == 1.0
-    assert resolved(DeepSpeedPlugin(hf_ds_config={"gradient_clipping": 0.0}), adapter)["gradient_clipping"] == 0.0
+    assert (
+        resolved(DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "gradient_clipping": "auto"}), adapter)[
+            "gradient_clipping"
+        ]
+        == 1.0
+    )
+    assert (
+        resolved(DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "gradient_clipping": 0.0}), adapter)[
+            "gradient_clipping"
+        ]
+        == 0.0
+    )
     assert resolved(DeepSpeedPlugin(gradient_clipping=0.25), adapter)["gradient_clipping"] == 0.25
 
 
@@ -106,7 +116,7 @@ def run(name, plugin, expected_clip):
 
 clipped = run("default", DeepSpeedPlugin(zero_stage=2), 1.0)
 unclipped = run("plugin-0", DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.0), 0.0)
-run("config-0.25", DeepSpeedPlugin(zero_stage=2, hf_ds_config={"gradient_clipping": 0.25}), 0.25)
+run("config-0.25", DeepSpeedPlugin(zero_stage=2, hf_ds_config={"zero_optimization": {}, "gradient_clipping": 0.25}), 0.25)
 # The default really changed the training: with clipping off the weights end elsewhere.
 gap = max((clipped[k] - unclipped[k]).abs().max().item() for k in clipped)
 assert gap > 1e-2, gap

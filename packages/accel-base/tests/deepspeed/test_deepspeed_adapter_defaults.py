@@ -42,12 +42,20 @@ def test_defaults_replace_accels_own_when_nobody_sets_the_value():
 @pytest.mark.parametrize(
     ("plugin", "key", "expected"),
     [
-        (DeepSpeedPlugin(hf_ds_config={"gradient_clipping": 0.0}), ("gradient_clipping",), 0.0),
+        (
+            DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "gradient_clipping": 0.0}),
+            ("gradient_clipping",),
+            0.0,
+        ),
         (DeepSpeedPlugin(gradient_clipping=0.25), ("gradient_clipping",), 0.25),
-        (DeepSpeedPlugin(hf_ds_config={"gradient_clipping": 2.0}, gradient_clipping=2.0), ("gradient_clipping",), 2.0),
+        (
+            DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "gradient_clipping": 2.0}, gradient_clipping=2.0),
+            ("gradient_clipping",),
+            2.0,
+        ),
         (DeepSpeedPlugin(zero_stage=3), ("zero_optimization", "stage"), 3),
         (DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 0}}), ("zero_optimization", "stage"), 0),
-        (DeepSpeedPlugin(hf_ds_config={"steps_per_print": 3}), ("steps_per_print",), 3),
+        (DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "steps_per_print": 3}), ("steps_per_print",), 3),
         (DeepSpeedPlugin(extra_config={"steps_per_print": 5}), ("steps_per_print",), 5),
         (
             DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"overlap_comm": True}}),

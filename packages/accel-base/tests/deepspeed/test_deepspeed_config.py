@@ -36,6 +36,11 @@ def values(**overrides):
     return AcceleratorValues(**{**base, **overrides})
 
 
+def with_zero(user: dict) -> dict:
+    """`user` with a ZeRO section (`{}` unless it has one): Accelerate, and accel, refuse a config without."""
+    return {"zero_optimization": {}, **user}
+
+
 def test_registered_in_the_strategies_group():
     assert get_strategy_class("deepspeed") is DeepSpeedStrategy
 
@@ -56,13 +61,18 @@ def test_fp8_runs_the_engine_in_bf16_as_accelerate():
     # Accelerate's DeepSpeedPlugin.set_mixed_precision: fp8 keeps bf16 for the engine (the converted layers
     # compute in fp8); a config that turns bf16 off conflicts, naming both.
     assert resolve_config(DeepSpeedPlugin(), values(mixed_precision="fp8"))["bf16"] == {"enabled": True}
-    auto = DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}})
+    auto = DeepSpeedPlugin(
+        hf_ds_config={"zero_optimization": {}, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+    )
     config = resolve_config(auto, values(mixed_precision="fp8"))
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
     with pytest.raises(
         DeepSpeedConfigError, match=r"`bf16.enabled` is False but the Accelerator's mixed_precision is 'fp8'"
     ):
-        resolve_config(DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": False}}), values(mixed_precision="fp8"))
+        resolve_config(
+            DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "bf16": {"enabled": False}}),
+            values(mixed_precision="fp8"),
+        )
 
 
 def test_auto_values_are_filled_from_the_accelerator():
@@ -75,7 +85,9 @@ def test_auto_values_are_filled_from_the_accelerator():
         "fp16": {"enabled": "auto"},
         "zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}},
     }
-    plugin = DeepSpeedPlugin(hf_ds_config=user, gradient_clipping=0.5, zero_stage=3, offload_optimizer_device="cpu")
+    plugin = DeepSpeedPlugin(
+        hf_ds_config=with_zero(user), gradient_clipping=0.5, zero_stage=3, offload_optimizer_device="cpu"
+    )
     config = resolve_config(plugin, values(gradient_accumulation_steps=3, mixed_precision="bf16", micro_batch_size=2))
     assert config["train_micro_batch_size_per_gpu"] == 2
     assert config["gradient_accumulation_steps"] == 3
@@ -154,14 +166,16 @@ def test_config_values_win_over_unset_plugin_fields(tmp_path: Path):
 )
 def test_a_value_set_in_both_places_differently_is_an_error_naming_both(user, plugin, accel, message):
     with pytest.raises(DeepSpeedConfigError) as info:
-        resolve_config(DeepSpeedPlugin(hf_ds_config=user, **plugin), values(**accel))
+        resolve_config(DeepSpeedPlugin(hf_ds_config=with_zero(user), **plugin), values(**accel))
     assert message in str(info.value)
     assert "Set the value in one place only" in str(info.value)
 
 
 def test_equal_values_in_both_places_are_fine():
     user = {"gradient_accumulation_steps": 2, "gradient_clipping": 0.5, "zero_optimization": {"stage": 3}}
-    plugin = DeepSpeedPlugin(hf_ds_config=user, gradient_clipping=0.5, zero_stage=3, gradient_accumulation_steps=2)
+    plugin = DeepSpeedPlugin(
+        hf_ds_config=with_zero(user), gradient_clipping=0.5, zero_stage=3, gradient_accumulation_steps=2
+    )
     config = resolve_config(plugin, values(gradient_accumulation_steps=2))
     assert config["gradient_clipping"] == 0.5 and config["zero_optimization"]["stage"] == 3
 
@@ -175,7 +189,8 @@ def test_batch_size_needs_a_loader_or_a_config_value():
     with pytest.raises(DeepSpeedConfigError, match="requires you to pass at least one of training or evaluation"):
         resolve_config(DeepSpeedPlugin(), values(micro_batch_size=None))
     config = resolve_config(
-        DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 3}), values(micro_batch_size=None)
+        DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "train_micro_batch_size_per_gpu": 3}),
+        values(micro_batch_size=None),
     )
     assert config["train_batch_size"] == 6
 
@@ -183,7 +198,7 @@ def test_batch_size_needs_a_loader_or_a_config_value():
 def test_unfillable_auto_is_named():
     user = {"zero_optimization": {"reduce_bucket_size": "auto"}, "steps_per_print": "auto"}
     with pytest.raises(DeepSpeedConfigError, match=r"\['steps_per_print'\] are \"auto\""):
-        resolve_config(DeepSpeedPlugin(hf_ds_config=user), values(hidden_size=8))
+        resolve_config(DeepSpeedPlugin(hf_ds_config=with_zero(user)), values(hidden_size=8))
 
 
 def test_hidden_size_auto_keys_are_filled_from_the_model_as_accelerate_does():
@@ -228,7 +243,7 @@ def test_optimizer_and_scheduler_stand_ins():
     dummy = DummyOptim(params, lr=0.01, weight_decay=0.1)
     sched = DummyScheduler(dummy, warmup_num_steps=5)
     config = resolve_config(
-        DeepSpeedPlugin(hf_ds_config=user),
+        DeepSpeedPlugin(hf_ds_config=with_zero(user)),
         values(has_client_optimizer=False, dummy_optimizer=dummy, dummy_scheduler=sched),
     )
     assert config["optimizer"]["params"] == {"lr": 0.01, "weight_decay": 0.1, "torch_adam": True}
@@ -237,7 +252,7 @@ def test_optimizer_and_scheduler_stand_ins():
     with pytest.raises(
         DeepSpeedConfigError, match="You cannot specify an optimizer in the config file and in the code"
     ):
-        resolve_config(DeepSpeedPlugin(hf_ds_config=user), values())
+        resolve_config(DeepSpeedPlugin(hf_ds_config=with_zero(user)), values())
     with pytest.raises(DeepSpeedConfigError, match="You cannot create a `DummyOptim` without specifying an optimizer"):
         resolve_config(DeepSpeedPlugin(), values(has_client_optimizer=False, dummy_optimizer=dummy))
     with pytest.raises(RuntimeError, match="stand-in"):
@@ -327,7 +342,7 @@ def test_engine_checkpoints_are_checked_before_deepspeed_unpickles_them(tmp_path
 )
 def test_a_torch_optimizer_is_mapped_when_offloaded_unless_the_config_says_not(user, plugin, expected):
     # Accelerate: offload_optimizer.device != "none" and zero_force_ds_cpu_optimizer (default true).
-    assert DeepSpeedPlugin(hf_ds_config=user, **plugin).maps_client_optimizer is expected
+    assert DeepSpeedPlugin(hf_ds_config=with_zero(user), **plugin).maps_client_optimizer is expected
 
 
 class _FakeCPUOptimizer(torch.optim.Optimizer):
@@ -409,7 +424,7 @@ def test_scheduler_auto_values_are_filled_as_accelerate_fills_them(num_processes
     dummy = DummyOptim(params, lr=0.03)
     sched = DummyScheduler(dummy, total_num_steps=total, warmup_num_steps=0)
     config = resolve_config(
-        DeepSpeedPlugin(hf_ds_config=user),
+        DeepSpeedPlugin(hf_ds_config=with_zero(user)),
         values(
             has_client_optimizer=False,
             dummy_optimizer=dummy,
@@ -437,7 +452,8 @@ def test_scheduler_values_the_user_set_are_kept_and_a_torch_optimizer_gives_the_
     }
     client = torch.optim.SGD(params, lr=0.2)
     config = resolve_config(
-        DeepSpeedPlugin(hf_ds_config=user), values(dummy_scheduler=DummyScheduler(client, total_num_steps=100))
+        DeepSpeedPlugin(hf_ds_config=with_zero(user)),
+        values(dummy_scheduler=DummyScheduler(client, total_num_steps=100)),
     )
     assert config["scheduler"]["params"] == {
         "warmup_min_lr": 1e-5,
@@ -448,7 +464,7 @@ def test_scheduler_values_the_user_set_are_kept_and_a_torch_optimizer_gives_the_
     # Without total_num_steps on the DummyScheduler, an "auto" total is named, not guessed.
     with pytest.raises(DeepSpeedConfigError, match=r"\['scheduler.params.total_num_steps'\] are \"auto\""):
         resolve_config(
-            DeepSpeedPlugin(hf_ds_config={"scheduler": SCHEDULER}),
+            DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "scheduler": SCHEDULER}),
             values(dummy_scheduler=DummyScheduler(client, warmup_num_steps=2)),
         )
 
@@ -558,3 +574,10 @@ def test_an_engine_overflow_is_a_skipped_step():
     assert not prepared.step_was_skipped
     engine_optimizer.overflow = True
     assert prepared.step_was_skipped and prepared.is_overflow
+
+
+def test_a_config_without_a_zero_section_is_refused_as_accelerate_does():
+    with pytest.raises(DeepSpeedConfigError, match=r"^Please specify the ZeRO optimization config in the DeepSpeed"):
+        DeepSpeedPlugin(hf_ds_config={"train_batch_size": 8})
+    assert DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}}).zero_stage_resolved == 2  # {}: the defaults
+    assert DeepSpeedPlugin().zero_stage_resolved == 2  # no config at all: the plugin's fields decide

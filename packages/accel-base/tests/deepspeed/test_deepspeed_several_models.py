@@ -42,7 +42,7 @@ def setup():
     # is inference only under ZeRO-3, its parameters sharded over the ranks.
     plugins = {
         "actor": DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.0),
-        "reference": DeepSpeedPlugin(zero_stage=3, hf_ds_config={"train_micro_batch_size_per_gpu": PER_RANK}),
+        "reference": DeepSpeedPlugin(zero_stage=3, hf_ds_config={"zero_optimization": {}, "train_micro_batch_size_per_gpu": PER_RANK}),
     }
     acc = fresh(deepspeed_plugins=plugins)
     assert acc.deepspeed_plugin is plugins["actor"] is get_active_deepspeed_plugin(acc.state)

@@ -286,6 +286,7 @@ acc.print("ZERO3_INIT ok")
 
 # Optimizer and scheduler from the DeepSpeed config, through the stand-ins.
 config = {
+    "zero_optimization": {},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
     "scheduler": {
         "type": "WarmupLR",

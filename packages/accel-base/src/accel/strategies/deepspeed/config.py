@@ -190,6 +190,7 @@ class DeepSpeedPlugin:
             raise ValueError(f"gradient_accumulation_steps must be >= 1; got {self.gradient_accumulation_steps}.")
         if self.gradient_clipping is not None and self.gradient_clipping < 0:
             raise ValueError(f"gradient_clipping must be >= 0; got {self.gradient_clipping}.")
+        given = self.hf_ds_config is not None
         if self.hf_ds_config is not None and isinstance(getattr(self.hf_ds_config, "config", None), dict):
             # An HfDeepSpeedConfig (accel's, Accelerate's or transformers' subclass): its dict is the config, as
             # in Accelerate, so what its owner writes into it later (transformers fills "auto") is seen here.
@@ -198,6 +199,9 @@ class DeepSpeedPlugin:
             self.user_config = load_config(self.hf_ds_config)
             self.hf_ds_config = HfDeepSpeedConfig(self.user_config)
             self.hf_ds_config.config = self.user_config
+        if given and "zero_optimization" not in self.user_config:
+            # Accelerate's rule and message: a DeepSpeed config names its ZeRO section (`{}` takes the defaults).
+            raise DeepSpeedConfigError("Please specify the ZeRO optimization config in the DeepSpeed config.")
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.zero_stage_resolved == 3
         elif self.zero3_init_flag and self.zero_stage_resolved != 3:
