@@ -19,6 +19,11 @@ from accel.distributed.ops import send_to_device
 calls: Counter[str] = Counter()
 """How often each stand-in was called (for tests)."""
 
+COMPILE_BACKEND = "aot_eager"
+"""The stand-in for XLA's compiler: torch's backend that traces forward and backward into graphs and runs them
+without generating kernels (as XLA traces; `openxla` itself needs torch_xla). The adapter maps `openxla` to it."""
+COMPILE_BACKENDS = frozenset({COMPILE_BACKEND})
+
 
 def register_backend() -> None:
     calls["register_backend"] += 1
@@ -75,8 +80,9 @@ def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
     return optimizer.step(closure) if closure is not None else optimizer.step()
 
 
-def device_loader(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
-    """Batches moved to `device` one by one, with the graph cut the real loader makes before each."""
+def device_loader(batches: Iterable[Any], device: torch.device, *, shard_batches: bool = False) -> Iterator[Any]:
+    """Batches moved to `device` one by one, with the graph cut the real loader makes before each
+    (`shard_batches` is SPMD's, which emulation refuses before a loader exists)."""
     calls["device_loader"] += 1
     for batch in batches:
         sync()
@@ -126,7 +132,11 @@ def spmd_mode() -> str:
     return "unavailable"
 
 
-def fsdp_v2_wrap(model: torch.nn.Module) -> torch.nn.Module:
+def global_mesh() -> Any:
+    raise ValueError(_NO_SPMD)
+
+
+def fsdp_v2_wrap(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
     raise ValueError(_NO_SPMD)
 
 
