@@ -136,6 +136,39 @@ def global_mesh() -> Any:
     raise ValueError(_NO_SPMD)
 
 
+def mesh_shape() -> dict[str, int]:
+    raise ValueError(_NO_SPMD)
+
+
+def mark_batch_sharding(tensor: torch.Tensor, mesh: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def wrap_policies() -> dict[str, Any]:
+    raise ValueError(_NO_SPMD)
+
+
+def sharding_spec(tensor: torch.Tensor) -> str:
+    return ""
+
+
+def local_shard_bytes(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Everything on the one emulated device."""
+    return {"CPU:0": sum(t.numel() * t.element_size() for t in tensors)}
+
+
+def save_sharded(state: dict[str, Any], folder: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def empty_like_sharded(shape: tuple[int, ...], dtype: torch.dtype, donor: torch.Tensor | None) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+def load_sharded(target: dict[str, Any], folder: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
 def fsdp_v2_wrap(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
     raise ValueError(_NO_SPMD)
 

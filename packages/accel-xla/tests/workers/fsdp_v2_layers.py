@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 import torch_xla
-import torch_xla.debug.metrics as met
 from accel import Accelerator
 from accel.errors import CheckpointError
 from accel.state import AcceleratorState, GradientState
@@ -136,6 +135,20 @@ def main() -> None:
 
     exported = load_file(str(out / "export" / "model.safetensors"))
 
+    # Settings that cannot work, refused at prepare.
+    refusals = {}
+    for name, config in {
+        "missing_class": {"transformer_layer_cls_to_wrap": ["Missing"]},
+        "checkpointing_without_units": {"gradient_checkpointing": True},
+    }.items():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        try:
+            Accelerator(strategy_config=config).prepare(Net())
+            refusals[name] = ""
+        except ValueError as exc:
+            refusals[name] = str(exc)
+
     print(
         json.dumps(
             {
@@ -160,7 +173,7 @@ def main() -> None:
                 "specs_kept": specs_after == specs_before,
                 "resumed_bitwise": all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()),
                 "exported_bitwise": all(torch.equal(exported[k], v) for k, v in resumed.items()),
-                "dynamo": [n for n in met.counter_names() if "Dynamo" in n],
+                "refusals": refusals,
                 "xla_version": torch_xla.__version__,
             }
         )
