@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -179,12 +178,8 @@ class XLAAdapter(Adapter):
 
     def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
         # Batches reach the device through torch_xla's parallel loader (prefetched by a
-        # background thread), not one `.to()` per batch; under xla_fsdp_v2 each split over the "fsdp" axis.
-        if not ctx.device_placement:
-            return {}
-        if getattr(ctx.strategy, "shards_inputs", False):
-            return {"batch_transfer": functools.partial(self.vendor.device_loader, shard_batches=True)}
-        return {"batch_transfer": self.vendor.device_loader}
+        # background thread), not one `.to()` per batch; under SPMD each split over the "fsdp" axis.
+        return {"batch_transfer": self.vendor.device_loader} if ctx.device_placement else {}
 
     # ---- torch.compile --------------------------------------------------------------------
     @property

@@ -81,16 +81,25 @@ def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
     return optimizer.step(closure) if closure is not None else optimizer.step()
 
 
-def device_loader(batches: Iterable[Any], device: torch.device, *, shard_batches: bool = False) -> Iterator[Any]:
+_shard_batches = [True]
+
+
+def shard_batches(on: bool) -> None:
+    """Whether `device_loader` splits batches over the "fsdp" axis under SPMD (xla_fsdp_v2's `shard_inputs`;
+    SPMD, and so this setting, belongs to the whole process)."""
+    _shard_batches[0] = bool(on)
+
+
+def device_loader(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
     """torch_xla's parallel device loader over `batches`: a background thread moves upcoming
     batches to `device` while the current step runs, and the loader cuts the graph (`sync`)
     before handing out each batch.
 
-    `shard_batches` (SPMD): every tensor of a batch is split along its first (batch) dimension over
-    the "fsdp" axis of the global mesh (`MpDeviceLoader(input_sharding=...)`), so each device holds
-    its part of the batch only.
+    Under SPMD (unless `shard_batches(False)`) every tensor of a batch is split along its first (batch)
+    dimension over the "fsdp" axis of the global mesh (`MpDeviceLoader(input_sharding=...)`), so each
+    device holds and computes its part of the batch only.
     """
-    sharding = _BatchSharding(global_mesh()) if shard_batches else None
+    sharding = _BatchSharding(global_mesh()) if xr.is_spmd() and _shard_batches[0] else None
     return iter(pl.MpDeviceLoader(_Once(batches), device, input_sharding=sharding))
 
 

@@ -80,9 +80,12 @@ def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
     return optimizer.step(closure) if closure is not None else optimizer.step()
 
 
-def device_loader(batches: Iterable[Any], device: torch.device, *, shard_batches: bool = False) -> Iterator[Any]:
-    """Batches moved to `device` one by one, with the graph cut the real loader makes before each
-    (`shard_batches` is SPMD's, which emulation refuses before a loader exists)."""
+def shard_batches(on: bool) -> None:
+    """SPMD's batch sharding: emulation has no SPMD (xla_fsdp_v2 is refused), so nothing to set."""
+
+
+def device_loader(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
+    """Batches moved to `device` one by one, with the graph cut the real loader makes before each."""
     calls["device_loader"] += 1
     for batch in batches:
         sync()

@@ -167,11 +167,6 @@ class XLAFSDPv2Strategy(Strategy):
             elif mode == "too late":
                 raise ValueError(SPMD_TOO_LATE)
 
-    @property
-    def shards_inputs(self) -> bool:
-        """Whether prepared loaders split each batch over the "fsdp" axis (read by the xla adapter)."""
-        return bool(self.config.shard_inputs)
-
     def _policy(self, model: torch.nn.Module, vendor: Any) -> Any:
         config: XLAFSDPv2Config = self.config
         if config.auto_wrap_policy is not None:
@@ -225,6 +220,7 @@ class XLAFSDPv2Strategy(Strategy):
                 "transformer_layer_cls_to_wrap (or min_num_params, or auto_wrap_policy) too."
             )
         shard_output = self.config.shard_output or functools.partial(_shard_first_tensor, vendor)
+        vendor.shard_batches(self.config.shard_inputs)  # read by the adapter's device loader
         return vendor.fsdp_v2_wrap(  # type: ignore[no-any-return]
             model,
             auto_wrap_policy=policy,
