@@ -31,7 +31,8 @@ def test_fsdp_v2_per_layer_on_four_spmd_devices_shards_and_resumes_exactly(tmp_p
     """4 SPMD devices of torch_xla's CPU device (CPU_NUM_DEVICES=4), the two Block layers units of their own with
     gradient checkpointing: parameters, batches and outputs sharded over "fsdp", each device holding a quarter of
     the parameters, 4 AdamW steps equal to plain torch on the CPU; an SPMD distributed checkpoint resumes
-    bitwise and keeps the sharding; a damaged shard is refused by its hash with nothing changed."""
+    bitwise (with a second model and its momentum optimizer beside it) and keeps the sharding; a damaged shard is
+    refused by its hash with nothing changed."""
     pytest.importorskip("torch_xla")
     config = '{"transformer_layer_cls_to_wrap": ["Block"], "gradient_checkpointing": true}'
     proc = _run(
@@ -54,7 +55,7 @@ def test_fsdp_v2_per_layer_on_four_spmd_devices_shards_and_resumes_exactly(tmp_p
     assert r["losses"] == pytest.approx(r["expected"], rel=1e-5, abs=1e-6)
     assert r["weights_diff"] < 1e-5
     assert r["names"], "get_state_dict gives the user's names, without the units' _orig_module"
-    assert {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"} <= set(r["files"])
+    assert {f"{d}_{i}/.metadata" for d in ("pytorch_model_fsdp", "optimizer") for i in (0, 1)} <= set(r["files"])
     assert not any(f.startswith(("model.safetensors", "optimizer.bin")) for f in r["files"])
     assert "does not match the SHA-256 recorded when it was saved" in r["refused"]
     assert r["unchanged_after_refusal"]

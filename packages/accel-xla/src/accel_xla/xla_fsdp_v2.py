@@ -72,8 +72,12 @@ class XLAFSDPv2Config:
     """Recompute each unit's forward in backward (needs units: layer classes, `min_num_params` or a policy)."""
     shard_inputs: bool = True
     """Split every batch of a prepared loader along dimension 0 over the "fsdp" axis."""
+    xla_fsdp_grad_ckpt: dataclasses.InitVar[bool | None] = None
+    """transformers' name for `gradient_checkpointing` (accepted, so its `fsdp_config` keys carry over)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, xla_fsdp_grad_ckpt: bool | None) -> None:
+        if xla_fsdp_grad_ckpt is not None:
+            self.gradient_checkpointing = bool(xla_fsdp_grad_ckpt)
         if isinstance(self.transformer_layer_cls_to_wrap, (str, type)):
             self.transformer_layer_cls_to_wrap = [self.transformer_layer_cls_to_wrap]
         if not isinstance(self.min_num_params, int) or self.min_num_params < 0:
@@ -95,15 +99,10 @@ class XLAFSDPv2Config:
             return config
         if isinstance(config, Mapping):
             kwargs = dict(config)
-            if "xla_fsdp_grad_ckpt" in kwargs:
-                kwargs["gradient_checkpointing"] = kwargs.pop("xla_fsdp_grad_ckpt")
-            known = {f.name for f in dataclasses.fields(cls)}
+            known = {f.name for f in dataclasses.fields(cls)} | {"xla_fsdp_grad_ckpt"}
             unknown = sorted(str(k) for k in kwargs if k not in known)
             if unknown:
-                raise ValueError(
-                    f"The xla_fsdp_v2 strategy does not take {unknown}; its settings are {sorted(known)} "
-                    "(and transformers' xla_fsdp_grad_ckpt)."
-                )
+                raise ValueError(f"The xla_fsdp_v2 strategy does not take {unknown}; its settings are {sorted(known)}.")
             return cls(**kwargs)
         raise ValueError(
             f"The xla_fsdp_v2 strategy's config is an XLAFSDPv2Config or a dict of its fields, got {type(config).__name__}."
@@ -256,7 +255,7 @@ class XLAFSDPv2Strategy(Strategy):
         """Each model into `pytorch_model_fsdp_<i>/` and each optimizer into `optimizer_<i>/` (Accelerate's sharded
         names), as torch.distributed.checkpoint folders written by torch_xla's SPMD save planner: every device's
         shards go to disk from the host, no parameter is gathered whole. Optimizer state is keyed by parameter
-        name (torch's sharded layout), so a run without SPMD can read it (`load_state` reads such folders whole)."""
+        name (torch's sharded layout)."""
         if self._vendor is None:
             return None
         from accel.checkpoint.dcp import model_folder, optimizer_folder
@@ -265,9 +264,9 @@ class XLAFSDPv2Strategy(Strategy):
         for i, model in enumerate(prepared.models):
             self._vendor.save_sharded({"model": self.full_state_dict(_strip(model))}, directory / model_folder(i))
             files.append(model_folder(i))
-        names = self._names(prepared)
         for i, opt in enumerate(prepared.optimizers):
             inner = getattr(opt, "optimizer", opt)
+            names = self._names(inner, prepared)
             self._vendor.save_sharded(
                 {"optimizer": _by_name(inner.state_dict(), names)}, directory / optimizer_folder(i)
             )
@@ -297,10 +296,10 @@ class XLAFSDPv2Strategy(Strategy):
             wanted = {k: v for k, v in saved.get("model", {}).items() if k in live}
             vendor.load_sharded({"model": wanted}, folder)
             models.append((live, wanted))
-        names = self._names(prepared)
         optimizers = []
         for i, opt in enumerate(prepared.optimizers):
             inner = getattr(opt, "optimizer", opt)
+            names = self._names(inner, prepared)
             folder = _folder(directory, optimizer_folder(i))
             params = dict(zip(names, _params(inner))) if names is not None else {}
 
@@ -309,7 +308,7 @@ class XLAFSDPv2Strategy(Strategy):
 
             tree = _saved_tree(folder, donor, vendor)
             vendor.load_sharded(tree, folder)
-            state = rekey(tree.get("optimizer"), inner, names, by_name=False, path=folder)
+            state = rekey(_positions(tree.get("optimizer")), inner, names, by_name=False, path=folder)
             check_optimizer_state(inner, state, folder)
             optimizers.append((inner, state))
         # Everything read and checked: now apply.
@@ -322,13 +321,14 @@ class XLAFSDPv2Strategy(Strategy):
         vendor.sync()
         return True
 
-    def _names(self, prepared: Prepared) -> list[str] | None:
-        """Every prepared optimizer parameter's name in its model (units' segments left out), by identity."""
+    def _names(self, optimizer: torch.optim.Optimizer, prepared: Prepared) -> list[str] | None:
+        """The name of each parameter `optimizer` updates, in torch's order, in its prepared model (the units'
+        segments left out); None when one belongs to no prepared model or two share a name."""
         by_id: dict[int, str] = {}
         for model in prepared.models:
             for name, param in self.unwrap(_strip(model)).named_parameters():
                 by_id.setdefault(id(param), clean_name(name))
-        found = [by_id.get(id(p)) for opt in prepared.optimizers for p in _params(getattr(opt, "optimizer", opt))]
+        found = [by_id.get(id(p)) for p in _params(optimizer)]
         if any(n is None for n in found) or len(set(found)) != len(found):
             return None
         return [n for n in found if n is not None]
@@ -367,6 +367,14 @@ def _by_name(state: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         "state": {names[k]: v for k, v in state["state"].items()},
         "param_groups": [{**g, "params": [names[p] for p in g["params"]]} for g in state["param_groups"]],
     }
+
+
+def _positions(saved: Any) -> Any:
+    """A saved optimizer state with its positional keys as numbers again (the checkpoint's paths name them as
+    text); names are left as they are."""
+    if isinstance(saved, dict) and isinstance(saved.get("state"), dict):
+        saved["state"] = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in saved["state"].items()}
+    return saved
 
 
 def _folder(directory: Path, name: str) -> Path:

@@ -71,6 +71,12 @@ def prepared(reference: torch.nn.Module) -> tuple[Accelerator, torch.nn.Module, 
     return accelerator, model, opt, loader
 
 
+def second_pair(accelerator: Accelerator) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A second model with its own optimizer (momentum state), so the checkpoint holds two of each."""
+    aux = Net()  # its Block layers are units too (a model without them would be refused: tested below)
+    return accelerator.prepare(aux, torch.optim.SGD(aux.parameters(), lr=0.1, momentum=0.9))
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     torch.manual_seed(0)
@@ -97,19 +103,23 @@ def main() -> None:
     weights_diff = max((weights[k] - v).abs().max().item() for k, v in plain.state_dict().items())
 
     # An SPMD distributed checkpoint, then two more steps: the run to resume exactly.
+    aux, aux_opt = second_pair(accelerator)
+    step(accelerator, aux, aux_opt, *(t.to(accelerator.device) for t in batches[0]))
     ckpt = out / "ckpt"
     accelerator.save_state(ckpt)
     files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
     rest = batches[4:6]
     for xb, yb in rest:
         step(accelerator, model, opt, xb.to(accelerator.device), yb.to(accelerator.device))
-    uninterrupted = host(model, accelerator)
+        step(accelerator, aux, aux_opt, xb.to(accelerator.device), yb.to(accelerator.device))
+    uninterrupted = host(model, accelerator) | {f"aux.{k}": v for k, v in host(aux, accelerator).items()}
     specs_before = [xla.sharding_spec(p) for p in model.parameters()]
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     torch.manual_seed(1)
     accelerator, model, opt, loader = prepared(Net())
+    aux, aux_opt = second_pair(accelerator)
     fresh = host(model, accelerator)
     # A damaged shard: refused by its hash, nothing changed.
     damaged = out / "damaged"
@@ -129,7 +139,8 @@ def main() -> None:
     specs_after = [xla.sharding_spec(p) for p in model.parameters()]
     for xb, yb in rest:
         step(accelerator, model, opt, xb.to(accelerator.device), yb.to(accelerator.device))
-    resumed = host(model, accelerator)
+        step(accelerator, aux, aux_opt, xb.to(accelerator.device), yb.to(accelerator.device))
+    resumed = host(model, accelerator) | {f"aux.{k}": v for k, v in host(aux, accelerator).items()}
     accelerator.save_model(model, out / "export")
     from safetensors.torch import load_file
 
@@ -171,8 +182,9 @@ def main() -> None:
                 "refused": refused,
                 "unchanged_after_refusal": unchanged,
                 "specs_kept": specs_after == specs_before,
-                "resumed_bitwise": all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()),
-                "exported_bitwise": all(torch.equal(exported[k], v) for k, v in resumed.items()),
+                "resumed_bitwise": sorted(resumed) == sorted(uninterrupted)
+                and all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()),
+                "exported_bitwise": all(torch.equal(exported[k], resumed[k]) for k in exported),
                 "refusals": refusals,
                 "xla_version": torch_xla.__version__,
             }
