@@ -1,7 +1,8 @@
 """xla_fsdp_v2 per layer on torch_xla's CPU device with several SPMD devices (CPU_NUM_DEVICES), against the same
 loop in plain torch on the CPU; then an SPMD distributed checkpoint's exact resume and a damaged one refused.
 
-Prints one JSON line. argv: OUT_DIR. The strategy comes from ACCEL_STRATEGY (turned on before the runtime starts),
+Runs through `notebook_launcher(main, num_processes=1)`, a TPU notebook's way under SPMD. Prints one JSON line.
+argv: OUT_DIR. The strategy comes from ACCEL_STRATEGY (turned on before the runtime starts),
 its settings from ACCEL_STRATEGY_CONFIG.
 """
 
@@ -193,4 +194,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # As from a TPU notebook: one process drives every device of the host under SPMD.
+    from accel import notebook_launcher
+
+    notebook_launcher(main, num_processes=1)
