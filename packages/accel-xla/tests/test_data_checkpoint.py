@@ -74,3 +74,25 @@ def test_save_model_loads_into_a_plain_module(tmp_path: Path) -> None:
     plain.load_state_dict(load_file(str(tmp_path / "out" / "model.safetensors")), strict=True)
     for a, b in zip(cpu_weights(plain), cpu_weights(net)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_shuffled_loader_reshuffles_every_epoch_from_the_seed_on_the_device() -> None:
+    """A shuffling loader keeps its own CPU generator (Accelerate gives one to XLA loaders; here the core's
+    synchronised sampler generator, which every rank shares: test_conformance.py's sharding check, 2 ranks):
+    each epoch a new order of every sample, the same orders again after the same `set_seed`."""
+    from accel.utils import set_seed
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def orders() -> list[list[int]]:
+        set_seed(3)
+        acc = Accelerator()
+        dl = acc.prepare(DataLoader(TensorDataset(torch.arange(12)), batch_size=4, shuffle=True))
+        epochs = [[int(v) for (b,) in dl for v in b.to("cpu")] for _ in range(2)]
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        return epochs
+
+    first = orders()
+    assert [sorted(e) for e in first] == [list(range(12))] * 2
+    assert first[0] != first[1]
+    assert orders() == first

@@ -222,3 +222,19 @@ def test_replaced_host_parameters_are_freed_after_repointing() -> None:
     net, opt = acc.prepare(net, opt)
     gc.collect()
     assert old() is None  # the adapter keeps no host copy of the weights alive
+
+
+def test_rng_types_xla_and_the_rendezvous_run_on_the_device() -> None:
+    """`rng_types=["xla"]` reads and keeps the device's XLA seed (one replica: nothing to copy; 2 emulated ranks in
+    test_distributed.py) and prepared loaders synchronise it on each iteration; the adapter's barrier
+    (`wait_for_everyone` with several replicas) is torch_xla's rendezvous, which returns on one replica."""
+    import torch_xla.core.xla_model as xm
+    from accel.utils import synchronize_rng_states
+
+    acc = Accelerator(rng_types=["xla"])
+    xm.set_rng_state(1234)
+    synchronize_rng_states(["xla"])
+    assert xm.get_rng_state() == 1234 == acc.adapter.get_device_rng_state()
+    dl = acc.prepare(loader(n=16, batch_size=8, shuffle=True))
+    assert len(list(dl)) == 2
+    acc.adapter.barrier()

@@ -118,6 +118,12 @@ acc.backward(torch.nn.functional.mse_loss(net(x), y))
 out["no_sync_all_reduces"] = [inside, xla_emulated.calls["all_reduce_mean"] - start]
 out["no_sync_grad"] = flat_grads(net)
 
+# rng_types=["xla"]: every rank takes rank 0's XLA seed (Accelerate broadcasts xm.get_rng_state()).
+from accel.utils import synchronize_rng_states
+xla_emulated.set_rng_state(1000 + acc.process_index)
+synchronize_rng_states(["xla"])
+out["xla_seed"] = xla_emulated.get_rng_state()
+
 # strategy="ddp", as scripts and config files name it: on XLA that is xla_ddp (no DDP wrapper).
 AcceleratorState._reset_state(reset_partial_state=False)
 GradientState._reset_state()
@@ -145,6 +151,10 @@ def strategy_results(launch, tmp_path_factory: pytest.TempPathFactory) -> list[d
     script.write_text(STRATEGIES_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp)))
     launch(script)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_rng_types_xla_gives_every_rank_rank_0s_seed(strategy_results: list[dict]) -> None:
+    assert [r["xla_seed"] for r in strategy_results] == [1000, 1000]
 
 
 def test_no_sync_suppresses_the_xla_ddp_reduction(strategy_results: list[dict]) -> None:

@@ -7,6 +7,7 @@ under emulation); the decisions here are the same either way.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from .xla_ddp import XLADataParallelStrategy
 
 if TYPE_CHECKING:
     from accel.prepare.context import RunContext
+    from accel.settings.kwargs import TorchDynamoPlugin
 
 DEVICE_MISMATCH = (
     "The model and the optimizer parameters are not on the same device, which probably means you created an "
@@ -41,9 +43,9 @@ class XLAAdapter(Adapter):
     What differs from the torch-native path: placement gives a model new Parameter objects,
     so optimizers are re-pointed after `prepare`; data parallelism is the `xla_ddp` strategy
     (`accel_xla.xla_ddp`: no DDP wrapper, gradients averaged by one XLA all-reduce traced into
-    the step), the default here; the graph is cut once per optimizer step with
-    `torch_xla.sync()`; prepared loaders hand out batches through torch_xla's parallel device
-    loader; bf16 only (fp16 is refused).
+    the step), the default here, and `xla_fsdp_v2` shards over SPMD; the graph is cut once per
+    optimizer step with `torch_xla.sync()`; prepared loaders hand out batches through torch_xla's
+    parallel device loader; bf16 only (fp16 is refused); torch.compile with `openxla` only.
     """
 
     name: ClassVar[str] = "xla"
@@ -71,7 +73,8 @@ class XLAAdapter(Adapter):
         # "ddp" stays accepted for scripts and config files that name it: torch's DDP wrapper over
         # the `xla` process group (torch_xla supports it); `xla_ddp` is the native path.
         strategies=frozenset({"xla_ddp", "xla_fsdp_v2"}),
-        compile=False,
+        # torch.compile through torch's `openxla` dynamo backend (the default here); inductor is refused by name.
+        compile=True,
         multi_process=True,
     )
     # torch.load cannot restore storages tagged with an XLA device: optimizer state is
@@ -175,8 +178,25 @@ class XLAAdapter(Adapter):
 
     def prepare_data_loader_kwargs(self, ctx: RunContext) -> dict[str, Any]:
         # Batches reach the device through torch_xla's parallel loader (prefetched by a
-        # background thread), not one `.to()` per batch.
+        # background thread), not one `.to()` per batch; under SPMD each split over the "fsdp" axis.
         return {"batch_transfer": self.vendor.device_loader} if ctx.device_placement else {}
+
+    # ---- torch.compile --------------------------------------------------------------------
+    @property
+    def compile_backends(self) -> frozenset[str]:  # type: ignore[override]
+        """`openxla` only (XLA compiles the traced graphs; inductor's CPU/GPU kernels cannot run on an XLA
+        device); under emulation its stand-in, torch's `aot_eager`."""
+        return self.vendor.COMPILE_BACKENDS  # type: ignore[no-any-return]
+
+    def compile_backend(self) -> str:
+        """`openxla`: what `dynamo_backend="default"` (or `--dynamo_backend default`) compiles with."""
+        return self.vendor.COMPILE_BACKEND  # type: ignore[no-any-return]
+
+    def dynamo_settings(self, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin | None:
+        """The user's settings; under emulation `openxla` becomes its stand-in (torch_xla is not there)."""
+        if self.emulate and plugin is not None and plugin.backend == "openxla":
+            return dataclasses.replace(plugin, backend=self.vendor.COMPILE_BACKEND)
+        return plugin
 
     # ---- the step -------------------------------------------------------------------------
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:

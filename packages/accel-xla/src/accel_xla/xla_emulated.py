@@ -19,6 +19,11 @@ from accel.distributed.ops import send_to_device
 calls: Counter[str] = Counter()
 """How often each stand-in was called (for tests)."""
 
+COMPILE_BACKEND = "aot_eager"
+"""The stand-in for XLA's compiler: torch's backend that traces forward and backward into graphs and runs them
+without generating kernels (as XLA traces; `openxla` itself needs torch_xla). The adapter maps `openxla` to it."""
+COMPILE_BACKENDS = frozenset({COMPILE_BACKEND})
+
 
 def register_backend() -> None:
     calls["register_backend"] += 1
@@ -75,6 +80,10 @@ def step_only(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
     return optimizer.step(closure) if closure is not None else optimizer.step()
 
 
+def shard_batches(on: bool) -> None:
+    """SPMD's batch sharding: emulation has no SPMD (xla_fsdp_v2 is refused), so nothing to set."""
+
+
 def device_loader(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
     """Batches moved to `device` one by one, with the graph cut the real loader makes before each."""
     calls["device_loader"] += 1
@@ -126,7 +135,44 @@ def spmd_mode() -> str:
     return "unavailable"
 
 
-def fsdp_v2_wrap(model: torch.nn.Module) -> torch.nn.Module:
+def global_mesh() -> Any:
+    raise ValueError(_NO_SPMD)
+
+
+def mesh_shape() -> dict[str, int]:
+    raise ValueError(_NO_SPMD)
+
+
+def mark_batch_sharding(tensor: torch.Tensor, mesh: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def wrap_policies() -> dict[str, Any]:
+    raise ValueError(_NO_SPMD)
+
+
+def sharding_spec(tensor: torch.Tensor) -> str:
+    return ""
+
+
+def local_shard_bytes(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Everything on the one emulated device."""
+    return {"CPU:0": sum(t.numel() * t.element_size() for t in tensors)}
+
+
+def save_sharded(state: dict[str, Any], folder: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def empty_like_sharded(shape: tuple[int, ...], dtype: torch.dtype, donor: torch.Tensor | None) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+def load_sharded(target: dict[str, Any], folder: Any) -> None:
+    raise ValueError(_NO_SPMD)
+
+
+def fsdp_v2_wrap(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
     raise ValueError(_NO_SPMD)
 
 

@@ -148,10 +148,12 @@ def _place(tree: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
-def load_into(target: dict[str, Any], folder: Path, *, no_dist: bool = False) -> None:
+def load_into(target: dict[str, Any], folder: Path, *, no_dist: bool = False, planner: type[Any] | None = None) -> None:
     """Read the sharded folder into `target` in place (its tensors or DTensors say which part each rank reads).
 
-    Collective over the default group unless `no_dist`.
+    Collective over the default group unless `no_dist`. `planner`: the load planner class to read with (an
+    adapter's, for tensors of its own sharded type; default torch's `DefaultLoadPlanner`), its non-tensor items
+    read without unrestricted unpickling either way.
 
     Raises:
         CheckpointError: damaged or incomplete shards, or a folder saved from another model.
@@ -161,7 +163,7 @@ def load_into(target: dict[str, Any], folder: Path, *, no_dist: bool = False) ->
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(target, storage_reader=safe_reader(folder), planner=_safe_planner(), no_dist=no_dist)
+        dcp.load(target, storage_reader=safe_reader(folder), planner=_safe_planner(planner), no_dist=no_dist)
     except CheckpointException as exc:
         errors = [failure[0] for failure in exc.failures.values()]
         unsafe = [e for e in errors if isinstance(e, UnsafeCheckpointError)]
@@ -235,10 +237,10 @@ def safe_reader(path: Path) -> Any:
     return SafeFileSystemReader(str(path))
 
 
-def _safe_planner() -> Any:
+def _safe_planner(base: type[Any] | None = None) -> Any:
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    class SafeLoadPlanner(DefaultLoadPlanner):
+    class SafeLoadPlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             try:
                 obj = torch.load(value, weights_only=True)
