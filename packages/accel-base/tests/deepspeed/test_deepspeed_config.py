@@ -581,3 +581,18 @@ def test_a_config_without_a_zero_section_is_refused_as_accelerate_does():
         DeepSpeedPlugin(hf_ds_config={"train_batch_size": 8})
     assert DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}}).zero_stage_resolved == 2  # {}: the defaults
     assert DeepSpeedPlugin().zero_stage_resolved == 2  # no config at all: the plugin's fields decide
+
+
+def test_autotp_needs_one_tp_mesh_of_every_process():
+    """As in Accelerate, AutoTP's `tp` mesh spans every process: another size is refused by name before any
+    process group work."""
+    from accel.strategies.deepspeed import DeepSpeedStrategy
+    from accel.strategies.parallelism_config import MeshFacts
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {}, "tensor_parallel": {"autotp_size": 2}})
+    strategy = DeepSpeedStrategy(plugin)
+    assert strategy.autotp_size == 2
+    facts = MeshFacts(num_processes=4, use_distributed=True, device_type="cpu", capabilities=None, adapter_name="cpu")
+    with pytest.raises(DeepSpeedConfigError, match=r"autotp_size=2 must equal the number of processes \(4\)"):
+        strategy.learn_run(facts)
+    assert DeepSpeedStrategy(DeepSpeedPlugin()).autotp_size == 0

@@ -28,6 +28,7 @@ from ...errors import CheckpointError
 from ..base import Strategy
 from .checkpoint import ENGINE_CHECKPOINT_GLOBALS, verify_engine_checkpoint
 from .config import (
+    AUTO,
     AcceleratorValues,
     DeepSpeedConfigError,
     DeepSpeedPlugin,
@@ -193,9 +194,39 @@ class DeepSpeedStrategy(Strategy):
     # ---- plugins and engines ------------------------------------------------------------
     def learn_run(self, run: MeshFacts) -> None:
         """The Accelerator hands over the run's device, backend and precision right after building the strategy
-        (transformers may build a ZeRO-3 model before `prepare`)."""
+        (transformers may build a ZeRO-3 model before `prepare`). With DeepSpeed's AutoTP
+        (`tensor_parallel.autotp_size` in the config) the `tp` mesh is built here, on every process.
+
+        Raises:
+            DeepSpeedConfigError: an `autotp_size` other than the number of processes (as in Accelerate, one `tp`
+                mesh spans every process).
+        """
         self.run = run
         self._device_type = run.device_type
+        size = self.autotp_size
+        if size > 1 and run.use_distributed:
+            if size != run.num_processes:
+                raise DeepSpeedConfigError(
+                    f"tensor_parallel.autotp_size={size} must equal the number of processes ({run.num_processes}): "
+                    "as in Accelerate, DeepSpeed's AutoTP splits the model over one 'tp' mesh of every process. "
+                    f"Launch {size} processes, or set autotp_size to {run.num_processes}."
+                )
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.device_mesh = init_device_mesh(run.device_type, (size,), mesh_dim_names=("tp",))
+            # Every process holds a slice of the same model and reads the same batches: one data shard each.
+            self._own_group, _ = torch.distributed.new_subgroups(group_size=1)
+
+    @property
+    def autotp_size(self) -> int:
+        """DeepSpeed AutoTP's tensor-parallel size from the active config (`tensor_parallel.autotp_size`; 0: off)."""
+        size = self.plugin.deepspeed_config.get("tensor_parallel", {}).get("autotp_size", 0)
+        return int(size) if size not in (None, AUTO) else 0
+
+    def data_parallel_group(self) -> Any:
+        """Under AutoTP every process reads the same batches (the `tp` mesh spans them all), as Accelerate shards
+        loaders over the mesh's data-parallel part; otherwise every process is its own shard."""
+        return getattr(self, "_own_group", None) if self.device_mesh is not None else None
 
     @property
     def plugin(self) -> DeepSpeedPlugin:
@@ -475,6 +506,11 @@ class DeepSpeedStrategy(Strategy):
                 full = safe_get_full_fp32_param(param) if param is not None else value
                 state[key] = full.detach().cpu().clone()
             return state
+        if self.device_mesh is not None and hasattr(model, "_consolidated_16bit_state_dict"):
+            # AutoTP: the engine gathers the tensor-parallel slices (Accelerate's path; collective), onto the main
+            # process (the others get `{}`).
+            state = getattr(model, "_consolidated_16bit_state_dict")() or {}  # noqa: B009
+            return {k: v.detach().cpu().clone() for k, v in state.items()}
         params = list(module.parameters()) if self._is_zero3(model) else []
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
