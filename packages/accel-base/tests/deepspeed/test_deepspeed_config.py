@@ -596,3 +596,9 @@ def test_autotp_needs_one_tp_mesh_of_every_process():
     with pytest.raises(DeepSpeedConfigError, match=r"autotp_size=2 must equal the number of processes \(4\)"):
         strategy.learn_run(facts)
     assert DeepSpeedStrategy(DeepSpeedPlugin()).autotp_size == 0
+
+
+def test_msamp_is_refused_by_name():
+    with pytest.raises(DeepSpeedConfigError, match=r"enable_msamp=True: MS-AMP is not supported by accel"):
+        DeepSpeedPlugin(enable_msamp=True, msamp_opt_level="O2")
+    assert DeepSpeedPlugin(enable_msamp=False).enable_msamp is False

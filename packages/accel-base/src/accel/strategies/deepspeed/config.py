@@ -175,11 +175,22 @@ class DeepSpeedPlugin:
     """Comma-separated class names of the model's mixture-of-experts layers: under ZeRO-3 each is a leaf module
     (`deepspeed.utils.set_z3_leaf_modules`), gathered whole instead of parameter by parameter, as Accelerate sets
     them before building the engine. A name no module has is an error."""
+    enable_msamp: bool | None = None
+    """Accelerate's MS-AMP fp8 through `msamp.deepspeed.initialize`: refused when True (MS-AMP is deprecated in
+    Accelerate and not installable here); fp8 under DeepSpeed goes through the adapter's fp8 backend instead."""
+    msamp_opt_level: str | None = None
+    """MS-AMP's optimization level: taken only with `enable_msamp`, which is refused."""
     extra_config: dict[str, Any] = field(default_factory=dict)
     """Merged into the config last (keys the plugin has no field for)."""
     _selected: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.enable_msamp:
+            raise DeepSpeedConfigError(
+                "enable_msamp=True: MS-AMP is not supported by accel (Accelerate deprecates it and its package does not "
+                "install here). Use mixed_precision='fp8', which the adapter's fp8 backend (TransformerEngine, torchao "
+                "or the vendor's) runs under DeepSpeed."
+            )
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage!r}.")
         for name in ("offload_optimizer_device", "offload_param_device"):
