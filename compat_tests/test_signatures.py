@@ -31,13 +31,6 @@ MEMBER_OWNERS = {
 
 # (owner, name) -> why accel's signature is allowed to differ from Accelerate 1.15.0's.
 ALLOWED: dict[tuple[str, str], str] = {
-    # DeepSpeed's MoE leaf classes, the "min" batch search and MS-AMP are not implemented by accel's DeepSpeed
-    # strategy; the config is DeepSpeed's own JSON (docs: deepspeed).
-    ("accelerate", "DeepSpeedPlugin"): "is_train_batch_min, transformer_moe_cls_names and MS-AMP: not implemented",
-    (
-        "accelerate.utils",
-        "DeepSpeedPlugin",
-    ): "is_train_batch_min, transformer_moe_cls_names and MS-AMP: not implemented",
     # Same fields by keyword; the order differs because FP8RecipeKwargs extends TERecipeKwargs (opt_level, which
     # Accelerate puts first, is MS-AMP's and refused anyway).
     ("accelerate.utils", "FP8RecipeKwargs"): "keyword-identical; positional order follows TERecipeKwargs",
