@@ -1,7 +1,15 @@
 """accel-megatron: megatron-core tensor and pipeline parallelism behind `accel.Accelerator`."""
 
+from .optim import MegatronLMDummyScheduler
 from .parallel import ModelChunks, ModelProvider
 from .plugin import MegatronConfigError, MegatronPlugin
 from .strategy import MegatronStrategy
 
-__all__ = ["MegatronConfigError", "MegatronPlugin", "MegatronStrategy", "ModelChunks", "ModelProvider"]
+__all__ = [
+    "MegatronConfigError",
+    "MegatronLMDummyScheduler",
+    "MegatronPlugin",
+    "MegatronStrategy",
+    "ModelChunks",
+    "ModelProvider",
+]

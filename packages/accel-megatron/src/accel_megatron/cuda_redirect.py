@@ -15,6 +15,8 @@ changes: the process groups, sharding, collectives and arithmetic are megatron-c
 - `cpu_rng_tracker_class()` / `model_parallel_manual_seed`: the model-parallel RNG tracker
   (`fork()` runs in every forward of a tensor-parallel layer) on the CPU generator.
 - `GlobalMemoryBuffer.get_tensor`: the scratch buffer of sequence-parallel all-gathers.
+- activation recomputation's save/restore of the CUDA generator's state: nothing to do (the CPU
+  generator's state and the tracker's streams are saved and restored by megatron-core itself).
 """
 
 from __future__ import annotations
@@ -146,7 +148,12 @@ def install(seed: int) -> None:
 
     Call after `initialize_model_parallel`; idempotent.
     """
+    from megatron.core.tensor_parallel import random
     from megatron.core.utils import GlobalMemoryBuffer
 
     GlobalMemoryBuffer.get_tensor = _cpu_get_tensor  # type: ignore[method-assign]
+    # Activation recomputation saves and restores "the CUDA generator" next to the CPU one and the
+    # tracker's streams; here the CPU generator is the only one, and it is saved already.
+    random._get_cuda_rng_state = lambda *args, **kwargs: None
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
     model_parallel_manual_seed(seed)

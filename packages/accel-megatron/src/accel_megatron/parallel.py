@@ -150,20 +150,28 @@ def model_config(model: nn.Module) -> Any:
     return config
 
 
-def check_config(config: Any, plugin: MegatronPlugin) -> None:
-    """The model must be built for the layout the plugin set up."""
+def check_config(config: Any, plugin: MegatronPlugin, model: nn.Module | None = None) -> None:
+    """The model must be built for the layout the plugin set up, and with every model field the plugin
+    sets (recomputation, dropouts, attention options, `other_megatron_args`, rotary embeddings): a
+    plugin field is never accepted without effect."""
     wanted = {
         "tensor_model_parallel_size": plugin.tp_degree,
         "pipeline_model_parallel_size": plugin.pp_degree,
         "sequence_parallel": plugin.sequence_parallelism,
         "virtual_pipeline_model_parallel_size": plugin.virtual_pipeline_model_parallel_size,
+        **plugin.model_fields(),
     }
     wrong = {k: (getattr(config, k, None), v) for k, v in wanted.items() if getattr(config, k, None) != v}
+    rope = plugin.gpt_model_kwargs().get("position_embedding_type")
+    built = getattr(model, "position_embedding_type", None)
+    if rope is not None and built is not None and built != rope:
+        wrong["position_embedding_type"] = (built, rope)
     if wrong:
         detail = ", ".join(f"{k}={got} (plugin: {want})" for k, (got, want) in wrong.items())
         raise MegatronConfigError(
             f"The model was built with {detail}. Build its TransformerConfig with "
-            "`**plugin.transformer_config_kwargs()` so it matches the MegatronPlugin."
+            "`**plugin.transformer_config_kwargs()` (and a GPTModel with `**plugin.gpt_model_kwargs()`) so it "
+            "matches the MegatronPlugin."
         )
 
 

@@ -101,7 +101,7 @@ class MegatronStrategy(Strategy):
             stages = [model]
         wrapped = []
         for i, stage in enumerate(stages):
-            parallel.check_config(parallel.model_config(stage), self.plugin)
+            parallel.check_config(parallel.model_config(stage), self.plugin, stage)
             if not ctx.evaluation_mode:
                 stage = parallel.half_precision(stage, ctx.mixed_precision)
             wrapped.append(parallel.wrap_ddp(stage, self.plugin, ctx.device, first_chunk=i == 0))
@@ -164,7 +164,7 @@ class MegatronStrategy(Strategy):
             )
         if owner is None:
             raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
-        return MegatronScheduler(build_scheduler(scheduler, owner), owner)
+        return MegatronScheduler(build_scheduler(scheduler, owner, self.plugin), owner)
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
@@ -176,10 +176,16 @@ class MegatronStrategy(Strategy):
         return True
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
-        raise MegatronConfigError(
-            "Under megatron-core the optimizer clips the global gradient norm itself (over every tensor- and "
-            "pipeline-parallel shard); set MegatronPlugin(gradient_clipping=...) instead of clip_grad_norm_."
-        )
+        """Through megatron-core's optimizer: the global L2 norm over every shard of the prepared model
+        (its optimizer's parameters, whatever `parameters` lists), clipped as its `clip_grad` clips."""
+        if float(norm_type) != 2.0:
+            raise MegatronConfigError(
+                f"megatron-core clips the L2 norm only; clip_grad_norm_(norm_type={norm_type}) is not supported."
+            )
+        optimizers = list(self._built.values())
+        if len(optimizers) != 1:
+            raise MegatronConfigError("clip_grad_norm_ under megatron-core needs exactly one prepared optimizer.")
+        return optimizers[0].clip_grad_norm_(float(max_norm))
 
     # ---- pipeline steps --------------------------------------------------------------------
     def train_step(
@@ -226,9 +232,9 @@ class MegatronStrategy(Strategy):
         self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         with self.redirect():
-            return checkpoint.save(prepared, ctx, directory)
+            return checkpoint.save(prepared, ctx, directory, optimizer_state=not self.plugin.no_save_optim)
 
     def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         with self.redirect():
-            checkpoint.load(prepared, directory, strict=strict)
+            checkpoint.load(prepared, directory, strict=strict, optimizer_state=not self.plugin.no_load_optim)
         return True
