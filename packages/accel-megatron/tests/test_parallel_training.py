@@ -43,6 +43,9 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
             got[key] = joined[0] if key == "gathered" else joined
     assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5), mode
     assert got["lrs"] == pytest.approx([0.0075, 0.01, 0.01, 0.01]) == ref["lrs"], "warmup carried into megatron-core"
+    # clip_grad_norm_ through megatron-core's optimizer: the norm of the whole model, whatever the sharding.
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4), mode
+    assert len(ref["norms"]) == 4 and min(ref["norms"]) > 0
 
     rank0, rank1 = got["seen"]
     if mode in ("tp", "pp", "vpp", "accum"):

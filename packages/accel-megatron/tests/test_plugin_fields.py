@@ -39,6 +39,12 @@ sys.path.insert(0, str(WORKERS))
         ({"start_weight_decay": 0.1}, "need weight_decay_incr_style 'linear' or 'cosine'"),
         ({"lr_warmup_iters": 1, "lr_warmup_fraction": 0.1}, "not both"),
         ({"recompute_num_layers": "two"}, "recompute_num_layers must be a int"),
+        ({"custom_train_step_class": object}, "custom_train_step_class is not supported: .*train_step"),
+        ({"custom_loss_function": len}, "custom_loss_function is not supported"),
+        ({"custom_get_batch_function": len}, "custom_get_batch_function is not supported"),
+        ({"custom_prepare_model_function": len}, "custom_prepare_model_function is not supported"),
+        ({"return_logits": True}, "return_logits is not supported: train_step returns the loss"),
+        ({"encoder_seq_length": 8}, "encoder_seq_length is not supported: no encoder-decoder"),
     ],
 )
 def test_fields_without_a_counterpart_are_refused_by_name(kwargs: dict, message: str) -> None:
@@ -51,6 +57,8 @@ def test_settings_strings_take_the_fields_type() -> None:
     plugin = MegatronPlugin(recompute_granularity="full", recompute_method="uniform", recompute_num_layers="2")
     assert plugin.recompute_num_layers == 2
     assert MegatronPlugin(hidden_dropout="0.25", no_save_optim="true").hidden_dropout == 0.25
+    assert MegatronPlugin(context_parallel_size=1).cp_degree == 1
+    assert MegatronPlugin(context_parallel_size="2").cp_degree == 2, "Accelerate's name for cp_degree"
 
 
 def test_cuda_only_optimizer_fields_and_attention_backends_are_refused_off_cuda() -> None:
@@ -349,3 +357,97 @@ def test_translated_cosine_schedule_keeps_its_floor(megatron_world) -> None:
         torch_sched.step()
         assert run["scheduler"].get_last_lr()[0] == pytest.approx(torch_sched.get_last_lr()[0], rel=1e-9)
     assert run["scheduler"].get_last_lr()[0] == pytest.approx(2e-3)
+
+
+def _fresh(plugin: MegatronPlugin) -> Accelerator:
+    from accel.testing.pytest_plugin import reset_state
+    from megatron.core import parallel_state
+
+    reset_state()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    return Accelerator(megatron_lm_plugin=plugin)
+
+
+def test_dummy_loader_serves_megatron_cores_gpt_datasets_and_resumes_at_consumed_samples(megatron_world) -> None:
+    """Train and valid splits of megatron-core's (mock) GPT dataset in Megatron's sample order; EOD tokens out of
+    the loss mask (eod_mask_loss); a run given consumed_samples starts where the first left off."""
+    from accel_megatron import MegatronLMDummyDataLoader
+    from resume import gpt_provider
+
+    def loaders(consumed: list[int] | None) -> tuple[Any, Any, Any, MegatronPlugin]:
+        plugin = MegatronPlugin(
+            train_iters=4, eval_iters=2, megatron_dataset_flag=True, eod_mask_loss=True, consumed_samples=consumed
+        )
+        accelerator = _fresh(plugin)
+        args = {"micro_batch_size": 2, "seq_length": 8, "vocab_size": 64}
+        train, valid = accelerator.prepare(MegatronLMDummyDataLoader(**args), MegatronLMDummyDataLoader(**args))
+        return accelerator, train, valid, plugin
+
+    accelerator, train, valid, plugin = loaders(None)
+    first = [batch for _, batch in zip(range(3), train)]
+    assert set(first[0]) == {"tokens", "labels", "loss_mask", "attention_mask", "position_ids"}
+    assert first[0]["tokens"].shape == (2, 8)
+    train_split = accelerator.strategy._datasets.splits[0]
+    for k, batch in enumerate(first):
+        expected = torch.stack([train_split[i]["tokens"] for i in (2 * k, 2 * k + 1)])
+        assert torch.equal(batch["tokens"], expected), "Megatron's sequential sample order"
+    samples = [train_split[i] for i in range(8)]
+    eod = torch.stack([s["tokens"] for s in samples]) == 63
+    assert eod.any(), "the mock documents end with EOD tokens"
+    assert torch.equal(torch.stack([s["loss_mask"] for s in samples]) == 0, eod), "eod_mask_loss"
+    assert next(iter(valid))["tokens"].shape == (2, 8)
+    assert len(train_split) >= 4 * 2, "sized for train_iters x the global batch"
+    # Trains a GPTModel with the masked loss.
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+    batch = first[0]
+    per_token = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+    loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+    accelerator.backward(loss)
+    assert torch.isfinite(loss)
+
+    _, resumed, _, _ = loaders([4])
+    assert torch.equal(next(iter(resumed))["tokens"], first[2]["tokens"]), "consumed_samples=[4] skips 2 batches"
+
+
+def test_datasets_provider_gets_megatrons_sample_counts(megatron_world) -> None:
+    from accel_megatron import MegatronLMDummyDataLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    asked = []
+
+    def provider(counts: list[int]) -> tuple:
+        asked.append(counts)
+        return tuple(TensorDataset(torch.arange(n)) for n in counts)
+
+    plugin = MegatronPlugin(
+        train_iters=3,
+        eval_iters=2,
+        eval_interval=2,
+        num_micro_batches=2,
+        megatron_dataset_flag=True,
+        custom_megatron_datasets_provider_function=provider,
+        consumed_samples=[0, 4],
+    )
+    accelerator = _fresh(plugin)
+    train, valid, test = accelerator.prepare(*(MegatronLMDummyDataLoader(micro_batch_size=1) for _ in range(3)))
+    # global batch = 1 x 2 micro-batches x 1 replica; valid: (3 // 2 + 1) evaluations x 2 iterations.
+    assert asked == [[6, 8, 4]]
+    assert [b[0].tolist() for b in train] == [[0, 1], [2, 3], [4, 5]], "one step's micro-batches per batch"
+    assert next(iter(valid))[0].tolist() == [4, 5], "consumed_samples for the valid split"
+    assert len(list(test)) == 2
+    with pytest.raises(MegatronConfigError, match="At most three MegatronLMDummyDataLoaders"):
+        accelerator.prepare(MegatronLMDummyDataLoader(micro_batch_size=1))
+    with pytest.raises(MegatronConfigError, match=r"megatron_dataset_flag=True: .* instead of a DataLoader"):
+        accelerator.prepare(DataLoader(TensorDataset(torch.arange(4))))
+
+
+def test_custom_model_provider_function_builds_the_model_prepare_is_given(megatron_world) -> None:
+    from megatron.core.models.gpt import GPTModel
+    from resume import gpt_provider
+
+    plugin = MegatronPlugin()
+    plugin.custom_model_provider_function = gpt_provider(plugin)
+    accelerator = _fresh(plugin)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))  # Accelerate: the Hugging Face model it stands in for
+    assert isinstance(accelerator.unwrap_model(model), GPTModel)

@@ -120,6 +120,8 @@ def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> No
             pipeline_model_parallel_size=plugin.pp_degree,
             virtual_pipeline_model_parallel_size=plugin.virtual_pipeline_model_parallel_size,
             context_parallel_size=plugin.cp_degree,
+            expert_model_parallel_size=plugin.expert_model_parallel_size,
+            expert_tensor_parallel_size=plugin.expert_tensor_parallel_size,
         )
     # megatron-core's own setup seeds the default generator identically everywhere: parameters
     # every tensor-parallel rank holds a copy of (norms, position embeddings) must start equal.

@@ -172,6 +172,50 @@ class MegatronPlugin:
     scale_lr_cond: Callable[[str, Any], bool] | None = None
     """`fn(name, param) -> bool`: parameters whose learning rate is scaled by `lr_mult`."""
 
+    # ---- data (MegatronLMDummyDataLoader) ---------------------------------------------
+    megatron_dataset_flag: bool = False
+    """Data comes from Megatron's datasets through `MegatronLMDummyDataLoader`s; a plain torch
+    DataLoader prepared alongside is then refused."""
+    custom_megatron_datasets_provider_function: Callable[[list[int]], Any] | None = None
+    """`fn(train_val_test_num_samples) -> (train, valid, test)` datasets for the
+    `MegatronLMDummyDataLoader`s (None: megatron-core's GPT datasets)."""
+    consumed_samples: list[int] | None = None
+    """Samples already consumed from the train, valid and test splits (a shorter list is padded with
+    zeros): the `MegatronLMDummyDataLoader`s start after them, as Megatron-LM's sampler resumes."""
+    seq_length: int | None = None
+    """Tokens per sample: megatron-core's GPT datasets' length, and `train_step`'s default `seq_length`."""
+    encoder_seq_length: int | None = None
+    """T5's encoder length; refused: no encoder-decoder model here."""
+    decoder_seq_length: int | None = None
+    """T5's decoder length; refused: no encoder-decoder model here."""
+    eval_iters: int = 100
+    """Evaluation steps per evaluation: sizes the valid/test splits (Megatron-LM's formula)."""
+    eval_interval: int = 1000
+    """Steps between evaluations: sizes the valid split (Megatron-LM's formula)."""
+
+    # ---- model and train-step hooks ----------------------------------------------------
+    custom_model_provider_function: Callable[..., Any] | None = None
+    """`fn(pre_process, post_process[, vp_stage])`: what `prepare` builds when it is given a model
+    that is not megatron-core's (Accelerate: the Hugging Face model whose place it takes)."""
+    custom_prepare_model_function: Callable[..., Any] | None = None
+    """Refused: `ModelProvider` / `custom_model_provider_function` build the model; wrapping is prepare's."""
+    custom_train_step_class: Any = None
+    """Refused: the step is `accelerator.strategy.train_step(model, batch, forward_fn, loss_fn)`."""
+    custom_train_step_kwargs: dict[str, Any] | None = None
+    """Refused with `custom_train_step_class`."""
+    custom_get_batch_function: Callable[..., Any] | None = None
+    """Refused: `train_step`'s `forward_fn(model, micro_batch)` takes the batch apart."""
+    custom_loss_function: Callable[..., Any] | None = None
+    """Refused: `train_step`'s `loss_fn(output, micro_batch)` is the loss."""
+    return_logits: bool = False
+    """Refused: `train_step` returns the loss; run the model in `forward_only` yourself for logits."""
+    context_parallel_size: int | None = None
+    """Accelerate's name for `cp_degree` (the same field)."""
+    expert_model_parallel_size: int = 1
+    """MoE expert parallelism: experts split over this many processes of the data-parallel group."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor parallelism inside each expert (None: tp_degree)."""
+
     # ---- logging ----------------------------------------------------------------------
     tensorboard_dir: str | None = None
     """Write Megatron's training scalars to TensorBoard here at every optimizer step (from the last
@@ -183,6 +227,8 @@ class MegatronPlugin:
 
     def __post_init__(self) -> None:
         self._coerce_settings()
+        if self.context_parallel_size is not None:
+            self.cp_degree = self.context_parallel_size
         for name in ("tp_degree", "pp_degree", "cp_degree", "num_micro_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -260,8 +306,9 @@ class MegatronPlugin:
                 "(ZeRO-1) or accel's FSDP strategy",
             ),
             "eod_mask_loss": (
-                self.eod_mask_loss,
-                "accel has no Megatron-LM get_batch to build the loss mask; mask end-of-document tokens in your loss_fn",
+                self.eod_mask_loss and not self.megatron_dataset_flag,
+                "only Megatron's GPT datasets (megatron_dataset_flag=True, MegatronLMDummyDataLoader) build the loss "
+                "mask; with your own data mask end-of-document tokens in your loss_fn",
             ),
             "calculate_per_token_loss": (
                 bool(self.calculate_per_token_loss),
@@ -272,6 +319,20 @@ class MegatronPlugin:
                 "each prepared loader keeps its own batch size (Megatron-LM's single micro-batch size does not "
                 "exist here); leave it True",
             ),
+        }
+        train_step = "accelerator.strategy.train_step(model, batch, forward_fn, loss_fn) is the step here"
+        refused |= {
+            "custom_prepare_model_function": (
+                self.custom_prepare_model_function is not None,
+                "prepare builds and wraps the model; give custom_model_provider_function or a ModelProvider",
+            ),
+            "custom_train_step_class": (self.custom_train_step_class is not None, train_step),
+            "custom_train_step_kwargs": (bool(self.custom_train_step_kwargs), train_step),
+            "custom_get_batch_function": (self.custom_get_batch_function is not None, train_step),
+            "custom_loss_function": (self.custom_loss_function is not None, train_step),
+            "return_logits": (self.return_logits, "train_step returns the loss"),
+            "encoder_seq_length": (self.encoder_seq_length is not None, "no encoder-decoder (T5) model here"),
+            "decoder_seq_length": (self.decoder_seq_length is not None, "no encoder-decoder (T5) model here"),
         }
         for name in ("train_samples", "lr_decay_samples", "lr_warmup_samples"):
             refused[name] = (
@@ -433,6 +494,10 @@ class MegatronPlugin:
             out["attention_backend"] = AttnBackend[self.attention_backend]
         if self.decoder_last_pipeline_num_layers is not None:
             out["num_layers_in_last_pipeline_stage"] = self.decoder_last_pipeline_num_layers
+        if self.expert_model_parallel_size > 1:
+            out["expert_model_parallel_size"] = self.expert_model_parallel_size
+        if self.expert_tensor_parallel_size is not None:
+            out["expert_tensor_parallel_size"] = self.expert_tensor_parallel_size
         if self.other_megatron_args:
             from megatron.core.transformer.transformer_config import TransformerConfig
 

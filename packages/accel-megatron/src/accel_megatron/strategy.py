@@ -18,6 +18,7 @@ from accel.strategies.base import Strategy
 from torch import nn
 
 from . import checkpoint, parallel, schedule
+from .data import DatasetsBuilder, MegatronLMDummyDataLoader
 from .optim import MegatronOptimizer, MegatronScheduler, build_optimizer, build_scheduler
 from .plugin import MegatronConfigError, MegatronPlugin
 
@@ -55,6 +56,7 @@ class MegatronStrategy(Strategy):
         self._prepared_models = 0
         # The megatron-core optimizer built for each user optimizer (by id), for schedulers prepared later.
         self._built: dict[int, Any] = {}
+        self._datasets = DatasetsBuilder(config)
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed.distributed_type import DistributedType
@@ -83,6 +85,18 @@ class MegatronStrategy(Strategy):
             raise AssertionError(MULTIPLE_MODELS)
         # Parallel state first, whatever the argument order: data loaders need the DP group.
         self._ensure_initialized(ctx.device, ctx.adapter.backend)
+        from megatron.core import parallel_state
+        from torch.utils.data import DataLoader
+
+        for obj in objects:
+            if isinstance(obj, MegatronLMDummyDataLoader) and not getattr(obj, "_is_accel_prepared", False):
+                # Megatron's split for it, before the core shards it over the data-parallel group.
+                self._datasets.fill(obj, parallel_state.get_data_parallel_world_size(), self.plugin.seed)
+            elif isinstance(obj, DataLoader) and self.plugin.megatron_dataset_flag:
+                raise MegatronConfigError(
+                    "megatron_dataset_flag=True: the data comes from Megatron's datasets; prepare "
+                    "accel_megatron.MegatronLMDummyDataLoader(...) instead of a DataLoader, or unset the flag."
+                )
 
     def data_parallel_group(self) -> Any:
         if self.device is None:
@@ -93,6 +107,9 @@ class MegatronStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self._ensure_initialized(ctx.device, ctx.backend)
+        provider = self.plugin.custom_model_provider_function
+        if provider is not None and not isinstance(model, parallel.ModelProvider) and not _is_megatron_module(model):
+            model = parallel.ModelProvider(provider)  # Accelerate: it builds the model in place of the one given
         if isinstance(model, parallel.ModelProvider):
             stages = model.build()
             if ctx.device_placement:
@@ -216,7 +233,7 @@ class MegatronStrategy(Strategy):
                 loss_fn,
                 self.plugin.num_micro_batches,
                 forward_only=forward_only,
-                seq_length=seq_length,
+                seq_length=seq_length or self.plugin.seq_length,
             )
 
     # ---- state dicts and checkpoints -------------------------------------------------------
@@ -238,3 +255,9 @@ class MegatronStrategy(Strategy):
         with self.redirect():
             checkpoint.load(prepared, directory, strict=strict, optimizer_state=not self.plugin.no_load_optim)
         return True
+
+
+def _is_megatron_module(model: nn.Module) -> bool:
+    from megatron.core.transformer.module import MegatronModule
+
+    return isinstance(model, MegatronModule)

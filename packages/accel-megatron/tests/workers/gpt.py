@@ -1,9 +1,10 @@
 """Train a small megatron-core GPTModel through accel; argv: MODE OUT_DIR.
 
 MODE: ref (one process, no model parallelism: the reference), tp (TP=2), dp (DP=2 through
-megatron-core's DDP), dpopt (DP=2 with the distributed optimizer), pp (PP=2, pipeline schedule), vpp (PP=2 with 2
-virtual stages per process: the interleaved schedule).
-Every mode starts from the reference's initial full weights and writes its per-step losses.
+megatron-core's DDP, overlapped bucketed reduction), dpopt (DP=2 with the distributed optimizer), pp (PP=2,
+pipeline schedule, 1 + 3 layers), vpp (PP=2 with 2 virtual stages per process: the interleaved schedule), accum
+(TP=2 with selective recomputation, 2 accumulated half-batches per step).
+Every mode starts from the reference's initial full weights and writes its per-step losses and gradient norms.
 """
 
 import json
@@ -22,11 +23,14 @@ STEPS, VOCAB, SEQ, BATCH = 4, 64, 8, 8
 plugin = {
     "ref": MegatronPlugin(),
     "tp": MegatronPlugin(tp_degree=2),
-    "dp": MegatronPlugin(),
+    # megatron-core's bucketed, overlapped gradient reduction (small buckets: several per step).
+    "dp": MegatronPlugin(overlap_grad_reduce=True, bucket_size=2000),
     "dpopt": MegatronPlugin(use_distributed_optimizer=True),
-    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2),
+    # An uneven split: 1 layer on the first stage, 3 on the last.
+    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2, decoder_last_pipeline_num_layers=3),
     "vpp": MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2),
-    "accum": MegatronPlugin(tp_degree=2),
+    # Selective recomputation on top of TP=2 (sequence parallelism needs Apex/TE layer norms: not on CPU).
+    "accum": MegatronPlugin(tp_degree=2, recompute_activations=True),
 }[mode]
 # Data-parallel modes split each batch of BATCH over the replicas, so one step sees the same
 # samples as the reference and the scheduler steps once per step (as on one process).
@@ -91,7 +95,7 @@ def loss_fn(per_token: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return per_token.float().mean()
 
 
-losses, lrs, seen, gathered = [], [], [], []
+losses, lrs, seen, gathered, norms = [], [], [], [], []
 for (batch,) in loader:
     seen.append(batch.tolist())
     gathered.append(accelerator.gather_for_metrics(batch).tolist())
@@ -101,6 +105,9 @@ for (batch,) in loader:
         else:
             loss = loss_fn(forward(model, batch), batch)
             accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            # The global norm over every TP/PP/DP shard, through megatron-core's optimizer (too high to clip).
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1e6)))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
@@ -115,6 +122,7 @@ accelerator.save_model(model, out / f"{mode}_model")
 if accelerator.is_main_process:
     plain = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items() if isinstance(v, torch.Tensor)}
     result = {"losses": losses, "lrs": lrs, "seen": everyone, "gathered": gathered, "final_keys": sorted(final)}
+    result["norms"] = norms
     if mode == "ref":
         save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "ref_plain.safetensors"))
     (out / f"{mode}.json").write_text(json.dumps(result))
