@@ -64,3 +64,21 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
     for name, value in plain.items():
         assert merged[name].shape == value.shape, name
         torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-4, msg=name)
+
+
+def test_moe_expert_parallel_two_ranks_match_one_process(tmp_path: Path) -> None:
+    """megatron-core's MoE layer (2 experts, top-1) with expert_model_parallel_size=2: one expert per process,
+    tokens exchanged by its all-gather dispatcher; losses, global gradient norms and the merged weights (experts
+    under their global indices) equal the one-process model's."""
+    run_launch(WORKERS / "moe.py", "ref", str(tmp_path), nproc=1)
+    run_launch(WORKERS / "moe.py", "ep", str(tmp_path))
+    ref = json.loads((tmp_path / "moe_ref.json").read_text())
+    got = json.loads((tmp_path / "moe_ep.json").read_text())
+    assert (ref["experts"], got["experts"]) == (8, 4), "each process holds half of the experts' weights"
+    assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-5)
+    plain = load_file(str(tmp_path / "moe_ref_final.safetensors"))
+    merged = load_file(str(tmp_path / "moe_ep_final.safetensors"))
+    assert set(merged) == set(plain)
+    for name, value in plain.items():
+        torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-5, msg=name)

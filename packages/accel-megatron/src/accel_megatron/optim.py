@@ -141,7 +141,11 @@ class MegatronOptimizer(torch.optim.Optimizer):
 
     @property
     def state(self) -> Any:  # type: ignore[override]
-        return getattr(getattr(self.inner, "optimizer", None), "state", {})
+        # Every torch optimizer's state (several under MoE: dense and expert parameters apart).
+        state: dict[Any, Any] = {}
+        for opt in self._chained():
+            state.update(getattr(getattr(opt, "optimizer", None), "state", {}))
+        return state
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if closure is not None:

@@ -210,6 +210,8 @@ def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device, *, 
         use_distributed_optimizer=plugin.use_distributed_optimizer,
         bucket_size=plugin.bucket_size,
     )
+    if device.type != "cuda" and cuda_redirect.redirect_moe_layers(model):
+        model._accel_moe = True  # type: ignore[assignment]  # its backward runs redirected as well
     with on_device(device):
         return DistributedDataParallel(
             config=model_config(model), ddp_config=ddp_config, module=model, disable_bucketing=not first_chunk

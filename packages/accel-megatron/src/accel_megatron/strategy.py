@@ -187,9 +187,12 @@ class MegatronStrategy(Strategy):
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
         configs: list[Any] = [getattr(m, "config", None) for m in self.models]
         scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
-        if scaler is None:
-            return super().backward(loss, sync=sync, **kwargs)
-        scaler(loss).backward(**kwargs)
+        # Off CUDA, MoE layers' backward collectives ask for the CUDA device too.
+        moe = any(getattr(getattr(m, "module", m), "_accel_moe", False) for m in self.models)
+        with self.redirect() if moe else contextlib.nullcontext():
+            if scaler is None:
+                return super().backward(loss, sync=sync, **kwargs)
+            scaler(loss).backward(**kwargs)
         return True
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
