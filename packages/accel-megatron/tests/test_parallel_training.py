@@ -46,6 +46,8 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
     # clip_grad_norm_ through megatron-core's optimizer: the norm of the whole model, whatever the sharding.
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4), mode
     assert len(ref["norms"]) == 4 and min(ref["norms"]) > 0
+    assert got["eval"] == pytest.approx(ref["eval"], rel=1e-5), "forward-only evaluation (pipeline: train_step)"
+    torch.testing.assert_close(torch.tensor(got["eval_outputs"]), torch.tensor(ref["eval_outputs"]), rtol=0, atol=1e-5)
 
     rank0, rank1 = got["seen"]
     if mode in ("tp", "pp", "vpp", "accum"):

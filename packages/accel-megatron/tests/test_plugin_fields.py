@@ -43,7 +43,6 @@ sys.path.insert(0, str(WORKERS))
         ({"custom_loss_function": len}, "custom_loss_function is not supported"),
         ({"custom_get_batch_function": len}, "custom_get_batch_function is not supported"),
         ({"custom_prepare_model_function": len}, "custom_prepare_model_function is not supported"),
-        ({"return_logits": True}, "return_logits is not supported: train_step returns the loss"),
         ({"encoder_seq_length": 8}, "encoder_seq_length is not supported: no encoder-decoder"),
     ],
 )
@@ -313,7 +312,8 @@ def test_tensorboard_dir_gets_megatrons_training_scalars(megatron_world, tmp_pat
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     scalars = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert set(scalars) == {"learning-rate", "weight-decay", "grad-norm", "num-zeros"}
+    assert set(scalars) == {"lm loss", "learning-rate", "weight-decay", "grad-norm", "num-zeros"}
+    assert scalars["lm loss"] == pytest.approx(run["losses"], rel=1e-6)
     assert [e.step for e in events.Scalars("learning-rate")] == [1, 2, 3]
     # Logged after the optimizer step, before the scheduler's: the rate the step used.
     assert scalars["learning-rate"] == pytest.approx([5e-3, 7.5e-3, 1e-2])
@@ -451,3 +451,14 @@ def test_custom_model_provider_function_builds_the_model_prepare_is_given(megatr
     accelerator = _fresh(plugin)
     model = accelerator.prepare(torch.nn.Linear(2, 2))  # Accelerate: the Hugging Face model it stands in for
     assert isinstance(accelerator.unwrap_model(model), GPTModel)
+
+
+def test_virtual_stages_from_the_layer_count_per_virtual_stage() -> None:
+    """Megatron-LM derives the chunk count from num_layers_per_virtual_pipeline_stage and the model's layers."""
+    plugin = MegatronPlugin(
+        pp_degree=2, num_micro_batches=2, num_layers_per_virtual_pipeline_stage=1, other_megatron_args={"num_layers": 4}
+    )
+    assert plugin.virtual_pipeline_model_parallel_size == 2
+    assert plugin.transformer_config_kwargs()["virtual_pipeline_model_parallel_size"] == 2
+    with pytest.raises(MegatronConfigError, match=r"num_layers \(5\) must be a multiple of pp_degree"):
+        MegatronPlugin(pp_degree=2, num_layers_per_virtual_pipeline_stage=1, other_megatron_args={"num_layers": 5})

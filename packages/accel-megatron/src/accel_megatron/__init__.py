@@ -5,6 +5,7 @@ from .optim import MegatronLMDummyScheduler
 from .parallel import ModelChunks, ModelProvider
 from .plugin import MegatronConfigError, MegatronPlugin
 from .strategy import MegatronStrategy
+from .utils import avg_losses_across_data_parallel_group, gather_across_data_parallel_groups
 
 __all__ = [
     "MegatronConfigError",
@@ -14,4 +15,6 @@ __all__ = [
     "MegatronStrategy",
     "ModelChunks",
     "ModelProvider",
+    "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
 ]

@@ -91,6 +91,13 @@ class MegatronOptimizer(torch.optim.Optimizer):
         self.models = models
         self._redirect = redirect
         self._logger = logger
+        self.log_losses = False
+        """Set by the strategy under `tensorboard_dir`: keep the step's losses for "lm loss"."""
+        self.losses: list[torch.Tensor] = []
+        """This step's backward losses (divided by the accumulation steps already: their sum is the step's
+        mean loss)."""
+        self.schedule_losses: list[torch.Tensor] = []
+        """This step's `train_step` mean losses."""
         self.defaults: dict[str, Any] = {}
         self.grad_norm: float | None = None
         """Global gradient norm of the last step (over every model-parallel shard)."""
@@ -166,9 +173,30 @@ class MegatronOptimizer(torch.optim.Optimizer):
         self._ready = None
         self.grad_norm = None if grad_norm is None else float(grad_norm)
         self.iteration += 1
+        loss = self._step_loss()
         if self._logger is not None:
-            self._logger.log(self, zeros)
+            self._logger.log(self, zeros, loss)
         return ok
+
+    def _step_loss(self) -> float | None:
+        """Megatron-LM's "lm loss": the mean of this step's losses, averaged over the data-parallel replicas
+        (a collective: every process computes it)."""
+        if not self.log_losses:
+            return None
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        backward, scheduled = self.losses, self.schedule_losses
+        self.losses, self.schedule_losses = [], []
+        if backward:
+            mean = torch.stack(backward).sum().reshape(1)
+        elif scheduled:
+            mean = torch.stack(scheduled).mean().reshape(1)
+        else:
+            mean = torch.zeros(1)
+        group = parallel_state.get_data_parallel_group()
+        dist.all_reduce(mean, group=group)
+        return float(mean) / dist.get_world_size(group=group) if backward or scheduled else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._ready = None
@@ -222,7 +250,9 @@ def build_optimizer(
         # As megatron-core's training loop does: its pipeline schedules scale each micro-batch loss.
         for model in models:
             model.config.grad_scale_func = inner.scale_loss  # type: ignore[union-attr]
-    return MegatronOptimizer(inner, models, redirect, TensorBoardLog.create(plugin))
+    built = MegatronOptimizer(inner, models, redirect, TensorBoardLog.create(plugin))
+    built.log_losses = plugin.tensorboard_dir is not None
+    return built
 
 
 def param_group_overrides(config: Any, plugin: MegatronPlugin) -> Any:
@@ -249,7 +279,9 @@ def param_group_overrides(config: Any, plugin: MegatronPlugin) -> Any:
 
 class TensorBoardLog:
     """Megatron-LM's training scalars in TensorBoard (`MegatronPlugin.tensorboard_dir`), written by the
-    last process as Megatron-LM's writer is, after every optimizer step."""
+    last process as Megatron-LM's writer is, after every optimizer step: "lm loss" (the step's mean loss
+    over the data-parallel replicas), "learning-rate", "weight-decay", "grad-norm", "loss-scale" (fp16),
+    "num-zeros" (`set_all_logging_options`)."""
 
     def __init__(self, directory: str, everything: bool) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -273,8 +305,10 @@ class TensorBoardLog:
                 "MegatronPlugin.tensorboard_dir needs the tensorboard package: pip install tensorboard"
             ) from None
 
-    def log(self, optimizer: MegatronOptimizer, zeros: Any) -> None:
+    def log(self, optimizer: MegatronOptimizer, zeros: Any, loss: float | None = None) -> None:
         step = optimizer.iteration
+        if loss is not None:
+            self.writer.add_scalar("lm loss", loss, step)
         group = next((g for g in optimizer.param_groups if g.get("default_config", True)), optimizer.param_groups[0])
         self.writer.add_scalar("learning-rate", float(group["lr"]), step)
         self.writer.add_scalar("weight-decay", float(group.get("weight_decay", 0.0)), step)

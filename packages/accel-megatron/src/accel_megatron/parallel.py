@@ -95,8 +95,9 @@ def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> No
 
     if plugin.num_layers_per_virtual_pipeline_stage and not plugin.virtual_pipeline_model_parallel_size:
         raise MegatronConfigError(
-            "Set MegatronPlugin(virtual_pipeline_model_parallel_size=...) (model chunks per pipeline process): the "
-            "parallel state is built before the model, so its layer count cannot derive it."
+            "Set MegatronPlugin(virtual_pipeline_model_parallel_size=...) (model chunks per pipeline process) or give "
+            "the layer count, other_megatron_args={'num_layers': N}: the parallel state is built before the model, "
+            "so the model cannot tell it."
         )
     world = dist.get_world_size() if dist.is_initialized() else 1
     plugin.validate(world, device.type)

@@ -208,7 +208,7 @@ class MegatronPlugin:
     custom_loss_function: Callable[..., Any] | None = None
     """Refused: `train_step`'s `loss_fn(output, micro_batch)` is the loss."""
     return_logits: bool = False
-    """Refused: `train_step` returns the loss; run the model in `forward_only` yourself for logits."""
+    """`train_step(..., forward_only=True)` returns `(loss, outputs)`: the last stage's outputs too."""
     context_parallel_size: int | None = None
     """Accelerate's name for `cp_degree` (the same field)."""
     expert_model_parallel_size: int = 1
@@ -238,6 +238,7 @@ class MegatronPlugin:
                 "sequence_parallelism=True splits activations over the tensor-parallel group and needs "
                 "tp_degree > 1; set tp_degree or turn sequence_parallelism off."
             )
+        self._derive_virtual_size()
         virtual = self.num_layers_per_virtual_pipeline_stage or self.virtual_pipeline_model_parallel_size
         if virtual is not None and self.pp_degree == 1:
             raise MegatronConfigError(
@@ -258,6 +259,21 @@ class MegatronPlugin:
         self._check_recompute()
         self._check_refused()
         self._check_schedule()
+
+    def _derive_virtual_size(self) -> None:
+        """Megatron-LM's chunk count from `num_layers_per_virtual_pipeline_stage` when the model's layer count
+        is known (`other_megatron_args={"num_layers": N}`): N / pp_degree / layers per virtual stage."""
+        per_stage = self.num_layers_per_virtual_pipeline_stage
+        layers = (self.other_megatron_args or {}).get("num_layers")
+        if not per_stage or layers is None or self.virtual_pipeline_model_parallel_size is not None:
+            return
+        if layers % (self.pp_degree * per_stage):
+            raise MegatronConfigError(
+                f"num_layers ({layers}) must be a multiple of pp_degree x num_layers_per_virtual_pipeline_stage "
+                f"({self.pp_degree} x {per_stage})."
+            )
+        chunks = layers // (self.pp_degree * per_stage)
+        self.virtual_pipeline_model_parallel_size = chunks if chunks > 1 else None
 
     def _coerce_settings(self) -> None:
         """Accelerate's `MEGATRON_LM_*` settings arrive as strings: give them the field's type."""
@@ -330,7 +346,6 @@ class MegatronPlugin:
             "custom_train_step_kwargs": (bool(self.custom_train_step_kwargs), train_step),
             "custom_get_batch_function": (self.custom_get_batch_function is not None, train_step),
             "custom_loss_function": (self.custom_loss_function is not None, train_step),
-            "return_logits": (self.return_logits, "train_step returns the loss"),
             "encoder_seq_length": (self.encoder_seq_length is not None, "no encoder-decoder (T5) model here"),
             "decoder_seq_length": (self.decoder_seq_length is not None, "no encoder-decoder (T5) model here"),
         }

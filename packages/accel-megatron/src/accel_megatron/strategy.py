@@ -188,6 +188,7 @@ class MegatronStrategy(Strategy):
         configs: list[Any] = [getattr(m, "config", None) for m in self.models]
         scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
         # Off CUDA, MoE layers' backward collectives ask for the CUDA device too.
+        self._record_loss(loss, scheduled=False)
         moe = any(getattr(getattr(m, "module", m), "_accel_moe", False) for m in self.models)
         with self.redirect() if moe else contextlib.nullcontext():
             if scaler is None:
@@ -217,7 +218,7 @@ class MegatronStrategy(Strategy):
         *,
         forward_only: bool = False,
         seq_length: int | None = None,
-    ) -> torch.Tensor:
+    ) -> Any:
         """Forward and backward of one batch through megatron-core's pipeline schedule.
 
         The batch is split into `num_micro_batches` along dim 0; `forward_fn(model, micro_batch)`
@@ -225,11 +226,14 @@ class MegatronStrategy(Strategy):
         the mean loss over micro-batches on every process of the pipeline. Gradients are left in
         DDP's buffers for `optimizer.step()`. `seq_length`: the sequence length of the
         activations between stages when it is not dim 1 of the batch (e.g. tokens that hold
-        the shifted labels too). `forward_only`: evaluation, no backward.
+        the shifted labels too). `forward_only`: evaluation, no backward; with the plugin's
+        `return_logits` it returns `(loss, outputs)`, the last stage's outputs of the batch
+        concatenated along dim 0 (None on other pipeline stages), as Accelerate's `eval_step`.
         """
         assert self.device is not None, "prepare a model first"
+        outputs: list[torch.Tensor] | None = [] if forward_only and self.plugin.return_logits else None
         with self.redirect():
-            return schedule.run(
+            loss = schedule.run(
                 parallel.chunks_of(model),
                 batch,
                 forward_fn,
@@ -237,7 +241,20 @@ class MegatronStrategy(Strategy):
                 self.plugin.num_micro_batches,
                 forward_only=forward_only,
                 seq_length=seq_length or self.plugin.seq_length,
+                outputs=outputs,
             )
+        if not forward_only:
+            self._record_loss(loss, scheduled=True)
+        if outputs is None:
+            return loss
+        return loss, (torch.cat(outputs) if outputs else None)
+
+    def _record_loss(self, loss: torch.Tensor, *, scheduled: bool) -> None:
+        """For TensorBoard's "lm loss" (only under `tensorboard_dir`)."""
+        for optimizer in self._built.values():
+            if optimizer.log_losses:
+                kept = optimizer.schedule_losses if scheduled else optimizer.losses
+                kept.append(loss.detach().reshape(()).float().cpu())
 
     # ---- state dicts and checkpoints -------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,11 +14,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accel import Accelerator
-from accel_megatron import MegatronPlugin, ModelProvider
+from accel_megatron import (
+    MegatronPlugin,
+    ModelProvider,
+    avg_losses_across_data_parallel_group,
+    gather_across_data_parallel_groups,
+)
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 mode, out = sys.argv[1], Path(sys.argv[2])
+
+
 STEPS, VOCAB, SEQ, BATCH = 4, 64, 8, 8
 plugin = {
     "ref": MegatronPlugin(),
@@ -114,6 +121,24 @@ for (batch,) in loader:
     if accelerator.sync_gradients:
         lrs.append(scheduler.get_last_lr()[0])
     losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+    # Accelerate's Megatron helpers: over the data-parallel replicas only.
+    averaged = avg_losses_across_data_parallel_group([loss])[0].item()
+    assert abs(averaged - losses[-1]) <= 1e-6 * max(1.0, abs(losses[-1])), (averaged, losses[-1])
+    assert gather_across_data_parallel_groups({"x": batch})["x"].tolist() == gathered[-1]
+
+# Evaluation of the trained model on the first batch: the pipeline schedule's forward-only pass.
+eval_batch = tokens[:BATCH].to(accelerator.device)
+if mode in ("pp", "vpp"):
+    # Accelerate's eval_step with return_logits: the loss and the last stage's outputs.
+    accelerator.strategy.plugin.return_logits = True
+    step = accelerator.strategy.train_step
+    evaluated, outputs = step(model, eval_batch, forward, loss_fn, forward_only=True, seq_length=SEQ)
+else:
+    with torch.no_grad():
+        outputs = forward(model, eval_batch)
+        evaluated = loss_fn(outputs, eval_batch)
+all_outputs = [None] * accelerator.num_processes
+dist.all_gather_object(all_outputs, None if outputs is None else outputs.tolist())
 
 everyone = [None] * accelerator.num_processes
 dist.all_gather_object(everyone, seen)
@@ -123,6 +148,8 @@ if accelerator.is_main_process:
     plain = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items() if isinstance(v, torch.Tensor)}
     result = {"losses": losses, "lrs": lrs, "seen": everyone, "gathered": gathered, "final_keys": sorted(final)}
     result["norms"] = norms
+    result["eval"] = float(evaluated)
+    result["eval_outputs"] = next(o for o in all_outputs if o is not None)
     if mode == "ref":
         save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "ref_plain.safetensors"))
     (out / f"{mode}.json").write_text(json.dumps(result))
