@@ -26,8 +26,8 @@ sys.path.insert(0, str(WORKERS))
         ({"eod_mask_loss": True}, "eod_mask_loss is not supported: .*mask end-of-document tokens"),
         ({"calculate_per_token_loss": True}, "calculate_per_token_loss is not supported"),
         ({"is_train_batch_min": False}, "is_train_batch_min is not supported: each prepared loader"),
-        ({"train_samples": 100}, "train_samples is not supported: .*give train_iters"),
-        ({"lr_warmup_samples": 10}, "lr_warmup_samples is not supported"),
+        ({"train_samples": 100, "train_iters": 10}, "train_samples is not supported: give train_iters or"),
+        ({"lr_warmup_samples": 10}, "lr_warmup_samples is not supported: sample counts need train_samples"),
         ({"recompute_granularity": "full"}, "needs recompute_method .* and recompute_num_layers"),
         ({"recompute_granularity": "some"}, "recompute_granularity must be"),
         ({"recompute_method": "block"}, "apply to recompute_granularity='full' only"),
@@ -462,3 +462,30 @@ def test_virtual_stages_from_the_layer_count_per_virtual_stage() -> None:
     assert plugin.transformer_config_kwargs()["virtual_pipeline_model_parallel_size"] == 2
     with pytest.raises(MegatronConfigError, match=r"num_layers \(5\) must be a multiple of pp_degree"):
         MegatronPlugin(pp_degree=2, num_layers_per_virtual_pipeline_stage=1, other_megatron_args={"num_layers": 5})
+
+
+def test_schedule_in_samples_steps_by_the_global_batch_size(megatron_world) -> None:
+    """train_samples / lr_warmup_samples / lr_decay_samples: Megatron-LM's sample-counted schedule, each step adding
+    the train loader's global batch (4 here), against megatron-core's scheduler driven the same way."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    plugin = MegatronPlugin(train_samples=32, lr_warmup_samples=8, lr_decay_samples=24, min_lr=1e-3)
+    accelerator = _fresh(plugin)
+    from resume import gpt_provider
+
+    model = accelerator.prepare(ModelProvider(gpt_provider(plugin)))
+    loader = DataLoader(TensorDataset(torch.arange(64)), batch_size=4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _, optimizer, scheduler = accelerator.prepare(loader, optimizer, MegatronLMDummyScheduler(optimizer))
+    lrs = []
+    for _ in range(8):
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+    # Warmup over 8 samples (2 steps), linear decay to min_lr at sample 24 (step 6), then the floor.
+    expected = [5e-3, 1e-2] + [1e-3 + 9e-3 * (1 - (4 * k - 8) / 16) for k in range(3, 7)] + [1e-3, 1e-3]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(MegatronConfigError, match="steps by the global batch size: prepare the train DataLoader"):
+        other = _fresh(plugin)
+        m = other.prepare(ModelProvider(gpt_provider(plugin)))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        other.prepare(opt, MegatronLMDummyScheduler(opt))

@@ -95,14 +95,18 @@ class DatasetsBuilder:
     def num_samples(self, micro_batch_size: int, data_parallel_size: int) -> list[int]:
         """Megatron-LM's `train_val_test_num_samples`: the samples each split must provide for the run."""
         plugin = self.plugin
-        if plugin.train_iters is None:
-            raise MegatronConfigError(
-                "Megatron's datasets are sized for the run: set MegatronPlugin(train_iters=...) to use a "
-                "MegatronLMDummyDataLoader."
-            )
         global_batch = micro_batch_size * plugin.num_micro_batches * data_parallel_size
-        evals = (plugin.train_iters // plugin.eval_interval + 1) * plugin.eval_iters
-        return [plugin.train_iters * global_batch, evals * global_batch, plugin.eval_iters * global_batch]
+        if plugin.train_samples is not None:
+            iters, train = plugin.train_samples // global_batch, plugin.train_samples
+        elif plugin.train_iters is not None:
+            iters, train = plugin.train_iters, plugin.train_iters * global_batch
+        else:
+            raise MegatronConfigError(
+                "Megatron's datasets are sized for the run: set MegatronPlugin(train_iters=...) (or train_samples) "
+                "to use a MegatronLMDummyDataLoader."
+            )
+        evals = (iters // plugin.eval_interval + 1) * plugin.eval_iters
+        return [train, evals * global_batch, plugin.eval_iters * global_batch]
 
     def fill(self, loader: MegatronLMDummyDataLoader, data_parallel_size: int, seed: int) -> None:
         """Give `loader` its split (train, valid, test in the order prepared), past the consumed samples, and

@@ -358,20 +358,27 @@ def plugin_scheduler_args(
     Raises:
         MegatronConfigError: no run length, or warmup not shorter than the decay.
     """
-    train_iters = plugin.train_iters
-    if train_iters is None:
-        if dummy.total_num_steps is None:
-            raise MegatronConfigError(
-                "Give the run length: MegatronPlugin(train_iters=...) or MegatronLMDummyScheduler(total_num_steps=...)."
-            )
-        train_iters = dummy.total_num_steps // data_parallel_size
-    decay = plugin.lr_decay_iters or train_iters
-    if plugin.lr_warmup_fraction is not None:
-        warmup = plugin.lr_warmup_fraction * decay
-    elif plugin.lr_warmup_iters is not None:
-        warmup = plugin.lr_warmup_iters
+    if plugin.train_samples is not None:  # counted in samples, stepped by the global batch size
+        train_iters = plugin.train_samples
+        decay = plugin.lr_decay_samples or train_iters
+        default_warmup = plugin.lr_warmup_samples or 0
     else:
-        warmup = dummy.warmup_num_steps // data_parallel_size
+        train_iters = plugin.train_iters  # type: ignore[assignment]
+        if train_iters is None:
+            if dummy.total_num_steps is None:
+                raise MegatronConfigError(
+                    "Give the run length: MegatronPlugin(train_iters=...) or (train_samples=...), or "
+                    "MegatronLMDummyScheduler(total_num_steps=...)."
+                )
+            train_iters = dummy.total_num_steps // data_parallel_size
+        decay = plugin.lr_decay_iters or train_iters
+        default_warmup = (
+            plugin.lr_warmup_iters
+            if plugin.lr_warmup_iters is not None
+            else dummy.warmup_num_steps // data_parallel_size
+        )
+    fraction = plugin.lr_warmup_fraction
+    warmup = fraction * decay if fraction is not None else default_warmup
     if decay <= 0 or warmup >= decay:
         raise MegatronConfigError(
             f"The learning rate must warm up ({warmup} steps) over fewer steps than it decays ({decay}); lower "
@@ -461,15 +468,18 @@ def _scheduler(optimizer: MegatronOptimizer, args: dict[str, Any]) -> Any:
 class MegatronScheduler:
     """`OptimizerParamScheduler` with the torch scheduler interface the Accelerator steps."""
 
-    def __init__(self, inner: Any, optimizer: MegatronOptimizer) -> None:
+    def __init__(self, inner: Any, optimizer: MegatronOptimizer, increment: int = 1) -> None:
         self.inner = inner
         self.optimizer = optimizer
+        self.increment = increment
+        """What each step adds to the schedule's counter: 1, or the global batch size when the schedule counts
+        samples (Megatron-LM's `train_samples`)."""
         # torch schedulers' counter, which the Accelerator advances on accumulation steps.
         self._step_count = 0
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         self._step_count += 1
-        self.inner.step(increment=1)
+        self.inner.step(increment=self.increment)
 
     def get_last_lr(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]

@@ -138,17 +138,18 @@ class MegatronPlugin:
     train_iters: int | None = None
     """Optimizer steps of the whole run (None: the dummy scheduler's `total_num_steps`)."""
     train_samples: int | None = None
-    """Samples of the whole run; refused: schedules here count optimizer steps (use `train_iters`)."""
+    """Samples of the whole run (instead of `train_iters`): the schedule then counts samples and each step
+    adds the global batch size (the prepared train loader's batch size x the data-parallel size)."""
     lr_decay_style: str = "linear"
     """"constant", "linear", "cosine", "inverse-square-root" or "WSD" (megatron-core's styles)."""
     lr_decay_iters: int | None = None
     """Steps the learning rate decays over (None: `train_iters`)."""
     lr_decay_samples: int | None = None
-    """Refused, as `train_samples`."""
+    """With `train_samples`: samples the learning rate decays over (None: `train_samples`)."""
     lr_warmup_iters: int | None = None
     """Steps of linear warmup from 0 (None: the dummy scheduler's `warmup_num_steps`)."""
     lr_warmup_samples: int | None = None
-    """Refused, as `train_samples`."""
+    """With `train_samples`: samples of linear warmup."""
     lr_warmup_fraction: float | None = None
     """Warmup as a fraction of the decay steps (instead of `lr_warmup_iters`)."""
     lr_wsd_decay_iters: int | None = None
@@ -349,11 +350,15 @@ class MegatronPlugin:
             "encoder_seq_length": (self.encoder_seq_length is not None, "no encoder-decoder (T5) model here"),
             "decoder_seq_length": (self.decoder_seq_length is not None, "no encoder-decoder (T5) model here"),
         }
-        for name in ("train_samples", "lr_decay_samples", "lr_warmup_samples"):
+        for name in ("lr_decay_samples", "lr_warmup_samples"):
             refused[name] = (
-                getattr(self, name) is not None,
-                "schedules here count optimizer steps; give train_iters / lr_decay_iters / lr_warmup_iters",
+                getattr(self, name) is not None and self.train_samples is None,
+                "sample counts need train_samples (or give lr_decay_iters / lr_warmup_iters)",
             )
+        refused["train_samples"] = (
+            self.train_samples is not None and self.train_iters is not None,
+            "give train_iters or train_samples, not both",
+        )
         for name, (bad, reason) in refused.items():
             if bad:
                 raise MegatronConfigError(f"MegatronPlugin.{name} is not supported: {reason}.")
@@ -392,6 +397,7 @@ class MegatronPlugin:
         """The schedule fields (those of a `MegatronLMDummyScheduler`) given other values than their defaults."""
         defaults = {
             "train_iters": None,
+            "train_samples": None,
             "lr_decay_style": "linear",
             "lr_decay_iters": None,
             "lr_warmup_iters": None,

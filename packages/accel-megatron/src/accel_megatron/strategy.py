@@ -19,7 +19,13 @@ from torch import nn
 
 from . import checkpoint, parallel, schedule
 from .data import DatasetsBuilder, MegatronLMDummyDataLoader
-from .optim import MegatronOptimizer, MegatronScheduler, build_optimizer, build_scheduler
+from .optim import (
+    MegatronLMDummyScheduler,
+    MegatronOptimizer,
+    MegatronScheduler,
+    build_optimizer,
+    build_scheduler,
+)
 from .plugin import MegatronConfigError, MegatronPlugin
 
 # Accelerate's own messages (its Megatron-LM branch of `prepare`), so code that matches on them keeps working.
@@ -57,6 +63,8 @@ class MegatronStrategy(Strategy):
         # The megatron-core optimizer built for each user optimizer (by id), for schedulers prepared later.
         self._built: dict[int, Any] = {}
         self._datasets = DatasetsBuilder(config)
+        self.global_batch_size: int | None = None
+        """Samples per optimizer step over all replicas, from the first loader prepared (the train loader)."""
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed.distributed_type import DistributedType
@@ -88,10 +96,17 @@ class MegatronStrategy(Strategy):
         from megatron.core import parallel_state
         from torch.utils.data import DataLoader
 
+        dp = parallel_state.get_data_parallel_world_size()
         for obj in objects:
+            plain = isinstance(obj, DataLoader) and not isinstance(obj, MegatronLMDummyDataLoader)
+            if plain and self.global_batch_size is None and obj.batch_size:
+                # The first loader prepared is the train loader (Megatron-LM's global batch size).
+                self.global_batch_size = obj.batch_size if ctx.split_batches else obj.batch_size * dp
             if isinstance(obj, MegatronLMDummyDataLoader) and not getattr(obj, "_is_accel_prepared", False):
                 # Megatron's split for it, before the core shards it over the data-parallel group.
-                self._datasets.fill(obj, parallel_state.get_data_parallel_world_size(), self.plugin.seed)
+                self._datasets.fill(obj, dp, self.plugin.seed)
+                if self.global_batch_size is None:
+                    self.global_batch_size = obj.batch_size * dp  # type: ignore[operator]
             elif isinstance(obj, DataLoader) and self.plugin.megatron_dataset_flag:
                 raise MegatronConfigError(
                     "megatron_dataset_flag=True: the data comes from Megatron's datasets; prepare "
@@ -181,7 +196,15 @@ class MegatronStrategy(Strategy):
             )
         if owner is None:
             raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
-        return MegatronScheduler(build_scheduler(scheduler, owner, self.plugin), owner)
+        increment = 1
+        if isinstance(scheduler, MegatronLMDummyScheduler) and self.plugin.train_samples is not None:
+            if self.global_batch_size is None:
+                raise MegatronConfigError(
+                    "A schedule in samples (train_samples) steps by the global batch size: prepare the train "
+                    "DataLoader before (or together with) the MegatronLMDummyScheduler."
+                )
+            increment = self.global_batch_size
+        return MegatronScheduler(build_scheduler(scheduler, owner, self.plugin), owner, increment)
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
