@@ -309,10 +309,21 @@ def test_tensorboard_dir_gets_megatrons_training_scalars(megatron_world, tmp_pat
 
     plugin = MegatronPlugin(tensorboard_dir=str(tmp_path / "tb"), set_all_logging_options=True, gradient_clipping=1.0)
     run = _train(plugin, scheduler=lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.5, total_iters=2))
+    run["accelerator"].strategy.log_eval_results({"lm loss": 2.0})
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     scalars = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert set(scalars) == {"lm loss", "learning-rate", "weight-decay", "grad-norm", "num-zeros"}
+    assert set(scalars) == {
+        "lm loss",
+        "learning-rate",
+        "weight-decay",
+        "grad-norm",
+        "num-zeros",
+        "lm loss validation",
+        "lm loss validation ppl",
+    }
+    assert scalars["lm loss validation"] == [2.0] and [e.step for e in events.Scalars("lm loss validation")] == [3]
+    assert scalars["lm loss validation ppl"] == pytest.approx([math.exp(2.0)])
     assert scalars["lm loss"] == pytest.approx(run["losses"], rel=1e-6)
     assert [e.step for e in events.Scalars("learning-rate")] == [1, 2, 3]
     # Logged after the optimizer step, before the scheduler's: the rate the step used.

@@ -272,6 +272,33 @@ class MegatronStrategy(Strategy):
             return loss
         return loss, (torch.cat(outputs) if outputs else None)
 
+    def log_eval_results(self, results: dict[str, float]) -> None:
+        """Accelerate's `log_eval_results`: each evaluation metric (e.g. the mean loss of the `forward_only`
+        steps, averaged over the data-parallel replicas) to TensorBoard as "{name} validation" and
+        "{name} validation ppl" (exp, capped at e^20) at the current optimizer step, and printed by the
+        last process, as Megatron-LM does. Nothing without `tensorboard_dir` or before the first step."""
+        import math
+
+        import torch.distributed as dist
+
+        optimizer = next(iter(self._built.values()), None)
+        if self.plugin.tensorboard_dir is None or optimizer is None or optimizer.iteration == 0:
+            return
+        line = f"validation loss at iteration {optimizer.iteration} | " + " | ".join(
+            f"{name} value: {float(value)} | {name} PPL: {math.exp(min(20.0, float(value)))}"
+            for name, value in results.items()
+        )
+        logger = optimizer._logger
+        if logger is not None:
+            for name, value in results.items():
+                logger.writer.add_scalar(f"{name} validation", float(value), optimizer.iteration)
+                logger.writer.add_scalar(
+                    f"{name} validation ppl", math.exp(min(20.0, float(value))), optimizer.iteration
+                )
+            logger.writer.flush()
+        if not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1:
+            print("-" * (len(line) + 1) + "\n" + line + "\n" + "-" * (len(line) + 1))
+
     def _record_loss(self, loss: torch.Tensor, *, scheduled: bool) -> None:
         """For TensorBoard's "lm loss" (only under `tensorboard_dir`)."""
         for optimizer in self._built.values():
