@@ -56,6 +56,10 @@ def test_settings_strings_take_the_fields_type() -> None:
     plugin = MegatronPlugin(recompute_granularity="full", recompute_method="uniform", recompute_num_layers="2")
     assert plugin.recompute_num_layers == 2
     assert MegatronPlugin(hidden_dropout="0.25", no_save_optim="true").hidden_dropout == 0.25
+    assert MegatronPlugin(attention_backend="True").attention_backend is None, "Accelerate's boolean: the default"
+    assert MegatronPlugin(attention_backend=False).attention_backend == "local"
+    with pytest.raises(MegatronConfigError, match="attention_backend must be one of"):
+        MegatronPlugin(attention_backend="fastest")
     assert MegatronPlugin(context_parallel_size=1).cp_degree == 1
     assert MegatronPlugin(context_parallel_size="2").cp_degree == 2, "Accelerate's name for cp_degree"
 

@@ -91,9 +91,9 @@ class MegatronPlugin:
     """Dropout on the attention and MLP outputs."""
     attention_softmax_in_fp32: bool | None = None
     """Compute the attention softmax in fp32 under bf16/fp16."""
-    attention_backend: str | None = None
+    attention_backend: str | bool | None = None
     """megatron-core's `AttnBackend` by name ("local", "unfused", "fused", "flash", "auto"); off CUDA
-    only "local" and "unfused" run."""
+    only "local" and "unfused" run. Accelerate's boolean: True is megatron-core's default, False "local"."""
     calculate_per_token_loss: bool | None = None
     """megatron-core's per-token loss normalisation; only False runs here (`loss_fn` returns a mean)."""
     use_rotary_position_embeddings: bool | None = None
@@ -278,9 +278,20 @@ class MegatronPlugin:
 
     def _coerce_settings(self) -> None:
         """Accelerate's `MEGATRON_LM_*` settings arrive as strings: give them the field's type."""
+        backend = self.attention_backend
+        if isinstance(backend, bool) or str(backend).lower() in ("true", "false"):
+            # Accelerate's field is a boolean "enable attention backend" (default True): megatron-core's own
+            # choice (auto); off: its local (unfused) attention.
+            self.attention_backend = None if str(backend).lower() == "true" else "local"
+        if self.attention_backend is not None:
+            names = ("local", "unfused", "fused", "flash", "auto")
+            if self.attention_backend not in names:
+                raise MegatronConfigError(
+                    f"attention_backend must be one of {names} (or a boolean), got {self.attention_backend!r}."
+                )
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, str):
+            if not isinstance(value, str) or f.name == "attention_backend":
                 continue
             kind = str(f.type)
             try:
