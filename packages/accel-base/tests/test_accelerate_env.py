@@ -245,11 +245,10 @@ def test_megatron_degrees_from_accelerate_launch_become_the_plugin(megatron_plug
 
 
 def test_megatron_variables_without_an_option_are_named(megatron_plugin) -> None:
-    env = {"ACCELERATE_USE_MEGATRON_LM": "true", "MEGATRON_LM_TP_DEGREE": "2", "MEGATRON_LM_EOD_MASK_LOSS": "true"}
-    with pytest.warns(
-        UserWarning, match=r"cannot honour these `accelerate launch` settings .*MEGATRON_LM_EOD_MASK_LOSS"
-    ):
-        assert apply_accelerate_env(env) == ["MEGATRON_LM_EOD_MASK_LOSS"]
+    # Megatron-LM's DDP_impl: Accelerate's plugin derives it; accel-megatron has no such option.
+    env = {"ACCELERATE_USE_MEGATRON_LM": "true", "MEGATRON_LM_TP_DEGREE": "2", "MEGATRON_LM_DDP_IMPL": "local"}
+    with pytest.warns(UserWarning, match=r"cannot honour these `accelerate launch` settings .*MEGATRON_LM_DDP_IMPL"):
+        assert apply_accelerate_env(env) == ["MEGATRON_LM_DDP_IMPL"]
     assert json.loads(env["ACCEL_STRATEGY_CONFIG"]) == {"tp_degree": 2}
     with pytest.raises(SettingError, match=r"MEGATRON_LM_PP_DEGREE: expected an integer, got 'two'"):
         apply_accelerate_env({"ACCELERATE_USE_MEGATRON_LM": "true", "MEGATRON_LM_PP_DEGREE": "two"})

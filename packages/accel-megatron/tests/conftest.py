@@ -28,3 +28,16 @@ run_launch = functools.partial(_run_launch, timeout=540)
 @pytest.fixture(scope="session")
 def accel_launch_timeout() -> float:
     return 540
+
+
+@pytest.fixture
+def megatron_world():
+    """One process's megatron-core parallel state, torn down afterwards (the next test starts clean)."""
+    pytest.importorskip("megatron.core")
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -43,6 +43,11 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
             got[key] = joined[0] if key == "gathered" else joined
     assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5), mode
     assert got["lrs"] == pytest.approx([0.0075, 0.01, 0.01, 0.01]) == ref["lrs"], "warmup carried into megatron-core"
+    # clip_grad_norm_ through megatron-core's optimizer: the norm of the whole model, whatever the sharding.
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4), mode
+    assert len(ref["norms"]) == 4 and min(ref["norms"]) > 0
+    assert got["eval"] == pytest.approx(ref["eval"], rel=1e-5), "forward-only evaluation (pipeline: train_step)"
+    torch.testing.assert_close(torch.tensor(got["eval_outputs"]), torch.tensor(ref["eval_outputs"]), rtol=0, atol=1e-5)
 
     rank0, rank1 = got["seen"]
     if mode in ("tp", "pp", "vpp", "accum"):
@@ -61,3 +66,21 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
     for name, value in plain.items():
         assert merged[name].shape == value.shape, name
         torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-4, msg=name)
+
+
+def test_moe_expert_parallel_two_ranks_match_one_process(tmp_path: Path) -> None:
+    """megatron-core's MoE layer (2 experts, top-1) with expert_model_parallel_size=2: one expert per process,
+    tokens exchanged by its all-gather dispatcher; losses, global gradient norms and the merged weights (experts
+    under their global indices) equal the one-process model's."""
+    run_launch(WORKERS / "moe.py", "ref", str(tmp_path), nproc=1)
+    run_launch(WORKERS / "moe.py", "ep", str(tmp_path))
+    ref = json.loads((tmp_path / "moe_ref.json").read_text())
+    got = json.loads((tmp_path / "moe_ep.json").read_text())
+    assert (ref["experts"], got["experts"]) == (8, 4), "each process holds half of the experts' weights"
+    assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-5)
+    plain = load_file(str(tmp_path / "moe_ref_final.safetensors"))
+    merged = load_file(str(tmp_path / "moe_ep_final.safetensors"))
+    assert set(merged) == set(plain)
+    for name, value in plain.items():
+        torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-5, msg=name)

@@ -127,19 +127,6 @@ def test_interleaved_pipeline_needs_the_chunk_count() -> None:
         initialize(plugin, torch.device("cpu"), "gloo")
 
 
-@pytest.fixture
-def megatron_world():
-    """One process's megatron-core parallel state, torn down afterwards (the next test starts clean)."""
-    pytest.importorskip("megatron.core")
-    yield
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_device_placement_list_and_a_second_model_are_refused_with_accelerates_messages(megatron_world) -> None:
     import sys
 

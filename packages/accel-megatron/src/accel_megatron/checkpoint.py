@@ -153,7 +153,7 @@ def _chunk_key(model: int, chunk: int) -> str:
     return f"model{model}" if chunk == 0 else f"model{model}_chunk{chunk}"
 
 
-def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
+def _sharded(prepared: Prepared, *, loading: bool, optimizers: bool = True) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallel
 
     from .optim import MegatronOptimizer
@@ -168,7 +168,7 @@ def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
             model_states[_chunk_key(i, j)] = inner.sharded_state_dict(prefix=f"model{i}.")  # type: ignore[operator]
     state.update(model_states)
     merged = model_states
-    for i, opt in enumerate(prepared.optimizers):
+    for i, opt in enumerate(prepared.optimizers if optimizers else []):
         inner_opt = opt.optimizer
         if not isinstance(inner_opt, MegatronOptimizer):
             raise CheckpointError(f"Optimizer {i} is not megatron-core's; prepare it with the megatron strategy.")
@@ -176,29 +176,33 @@ def _sharded(prepared: Prepared, *, loading: bool) -> dict[str, Any]:
     return state
 
 
-def save(prepared: Prepared, ctx: RunContext, directory: Path) -> list[str]:
+def save(prepared: Prepared, ctx: RunContext, directory: Path, *, optimizer_state: bool = True) -> list[str]:
     """Write every prepared model and optimizer with megatron-core's distributed checkpointing, and the
-    model-parallel RNG tracker's streams (exact resume with dropout under tensor parallelism)."""
+    model-parallel RNG tracker's streams (exact resume with dropout under tensor parallelism).
+
+    `optimizer_state=False` (the plugin's `no_save_optim`): the optimizers' state is left out.
+    """
     from megatron.core import dist_checkpointing
 
     folder = directory / _MODELS
     if ctx.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
-        (directory / _MANIFEST).write_text(
-            json.dumps({"models": len(prepared.models), "optimizers": len(prepared.optimizers)})
-        )
+        manifest = {"models": len(prepared.models), "optimizers": len(prepared.optimizers)}
+        (directory / _MANIFEST).write_text(json.dumps(manifest | {"optimizer_state": optimizer_state}))
     dist.barrier()
-    dist_checkpointing.save(_sharded(prepared, loading=False), str(folder))
+    dist_checkpointing.save(_sharded(prepared, loading=False, optimizers=optimizer_state), str(folder))
     save_rng_tracker(directory)
     return [_MODELS, _MANIFEST, _RNG]
 
 
-def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
+def load(prepared: Prepared, directory: Path, *, strict: bool, optimizer_state: bool = True) -> None:
     """Restore what `save` wrote, into the same tensor/pipeline layout.
 
+    `optimizer_state=False` (the plugin's `no_load_optim`): the optimizers are left as they are.
+
     Raises:
-        CheckpointError: the directory has no megatron-core checkpoint, or a different count of
-            models or optimizers.
+        CheckpointError: the directory has no megatron-core checkpoint, a different count of
+            models or optimizers, or no optimizer state where it is to be loaded.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.distributed import DistributedDataParallel
@@ -208,18 +212,24 @@ def load(prepared: Prepared, directory: Path, *, strict: bool) -> None:
     if not folder.is_dir() or not manifest.is_file():
         raise CheckpointError(f"{directory} holds no megatron-core checkpoint ({_MODELS}/ and {_MANIFEST}).")
     counts = json.loads(manifest.read_text())
+    saved_optimizer = counts.pop("optimizer_state", True)
+    if optimizer_state and not saved_optimizer and prepared.optimizers:
+        raise CheckpointError(
+            f"{directory} was saved without optimizer state (no_save_optim=True); load it with "
+            "MegatronPlugin(no_load_optim=True)."
+        )
     if counts != {"models": len(prepared.models), "optimizers": len(prepared.optimizers)}:
         raise CheckpointError(
             f"{directory} was saved with {counts}, but {len(prepared.models)} model(s) and "
             f"{len(prepared.optimizers)} optimizer(s) are prepared."
         )
-    loaded = dist_checkpointing.load(_sharded(prepared, loading=True), str(folder))
+    loaded = dist_checkpointing.load(_sharded(prepared, loading=True, optimizers=optimizer_state), str(folder))
     for i, model in enumerate(prepared.models):
         for j, chunk in enumerate(chunks_of(model)):
             inner = chunk.module if isinstance(chunk, DistributedDataParallel) else chunk
             state = {k.removeprefix(f"model{i}."): v for k, v in loaded[_chunk_key(i, j)].items()}
             inner.load_state_dict(state, strict=strict)
-    for i, opt in enumerate(prepared.optimizers):
+    for i, opt in enumerate(prepared.optimizers if optimizer_state else []):
         opt.optimizer.inner.load_state_dict(loaded[f"optimizer{i}"])
     if (directory / _RNG).is_dir():  # checkpoints from before the tracker was saved have none
         load_rng_tracker(directory)

@@ -15,6 +15,8 @@ changes: the process groups, sharding, collectives and arithmetic are megatron-c
 - `cpu_rng_tracker_class()` / `model_parallel_manual_seed`: the model-parallel RNG tracker
   (`fork()` runs in every forward of a tensor-parallel layer) on the CPU generator.
 - `GlobalMemoryBuffer.get_tensor`: the scratch buffer of sequence-parallel all-gathers.
+- activation recomputation's save/restore of the CUDA generator's state: nothing to do (the CPU
+  generator's state and the tracker's streams are saved and restored by megatron-core itself).
 """
 
 from __future__ import annotations
@@ -146,7 +148,37 @@ def install(seed: int) -> None:
 
     Call after `initialize_model_parallel`; idempotent.
     """
+    from megatron.core.tensor_parallel import random
     from megatron.core.utils import GlobalMemoryBuffer
 
     GlobalMemoryBuffer.get_tensor = _cpu_get_tensor  # type: ignore[method-assign]
+    # Activation recomputation saves and restores "the CUDA generator" next to the CPU one and the
+    # tracker's streams; here the CPU generator is the only one, and it is saved already.
+    random._get_cuda_rng_state = lambda *args, **kwargs: None
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
     model_parallel_manual_seed(seed)
+
+
+def redirect_moe_layers(model: torch.nn.Module) -> bool:
+    """megatron-core's MoE layers ask for the CUDA device in their forward (the router moves its weight
+    there; the token dispatcher's all-gathers allocate there): each MoE layer's forward runs redirected
+    (their backward too: see `MegatronStrategy.backward`). Returns whether the model has MoE layers."""
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    # megatron-core 0.16.1's router gate names Transformer Engine's GEMM without defining it when TE is
+    # absent (NameError); None selects its own torch matmul path.
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    for module in model.modules():
+        if isinstance(module, MoELayer) and not getattr(module, "_accel_redirected", False):
+            forward = module.forward
+
+            @functools.wraps(forward)
+            def run(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+                with redirected():
+                    return _forward(*args, **kwargs)
+
+            module.forward = run  # type: ignore[method-assign]
+            module._accel_redirected = True
+    return any(isinstance(module, MoELayer) for module in model.modules())

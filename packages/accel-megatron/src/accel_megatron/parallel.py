@@ -95,8 +95,9 @@ def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> No
 
     if plugin.num_layers_per_virtual_pipeline_stage and not plugin.virtual_pipeline_model_parallel_size:
         raise MegatronConfigError(
-            "Set MegatronPlugin(virtual_pipeline_model_parallel_size=...) (model chunks per pipeline process): the "
-            "parallel state is built before the model, so its layer count cannot derive it."
+            "Set MegatronPlugin(virtual_pipeline_model_parallel_size=...) (model chunks per pipeline process) or give "
+            "the layer count, other_megatron_args={'num_layers': N}: the parallel state is built before the model, "
+            "so the model cannot tell it."
         )
     world = dist.get_world_size() if dist.is_initialized() else 1
     plugin.validate(world, device.type)
@@ -120,6 +121,8 @@ def initialize(plugin: MegatronPlugin, device: torch.device, backend: str) -> No
             pipeline_model_parallel_size=plugin.pp_degree,
             virtual_pipeline_model_parallel_size=plugin.virtual_pipeline_model_parallel_size,
             context_parallel_size=plugin.cp_degree,
+            expert_model_parallel_size=plugin.expert_model_parallel_size,
+            expert_tensor_parallel_size=plugin.expert_tensor_parallel_size,
         )
     # megatron-core's own setup seeds the default generator identically everywhere: parameters
     # every tensor-parallel rank holds a copy of (norms, position embeddings) must start equal.
@@ -150,20 +153,28 @@ def model_config(model: nn.Module) -> Any:
     return config
 
 
-def check_config(config: Any, plugin: MegatronPlugin) -> None:
-    """The model must be built for the layout the plugin set up."""
+def check_config(config: Any, plugin: MegatronPlugin, model: nn.Module | None = None) -> None:
+    """The model must be built for the layout the plugin set up, and with every model field the plugin
+    sets (recomputation, dropouts, attention options, `other_megatron_args`, rotary embeddings): a
+    plugin field is never accepted without effect."""
     wanted = {
         "tensor_model_parallel_size": plugin.tp_degree,
         "pipeline_model_parallel_size": plugin.pp_degree,
         "sequence_parallel": plugin.sequence_parallelism,
         "virtual_pipeline_model_parallel_size": plugin.virtual_pipeline_model_parallel_size,
+        **plugin.model_fields(),
     }
     wrong = {k: (getattr(config, k, None), v) for k, v in wanted.items() if getattr(config, k, None) != v}
+    rope = plugin.gpt_model_kwargs().get("position_embedding_type")
+    built = getattr(model, "position_embedding_type", None)
+    if rope is not None and built is not None and built != rope:
+        wrong["position_embedding_type"] = (built, rope)
     if wrong:
         detail = ", ".join(f"{k}={got} (plugin: {want})" for k, (got, want) in wrong.items())
         raise MegatronConfigError(
             f"The model was built with {detail}. Build its TransformerConfig with "
-            "`**plugin.transformer_config_kwargs()` so it matches the MegatronPlugin."
+            "`**plugin.transformer_config_kwargs()` (and a GPTModel with `**plugin.gpt_model_kwargs()`) so it "
+            "matches the MegatronPlugin."
         )
 
 
@@ -200,6 +211,8 @@ def wrap_ddp(model: nn.Module, plugin: MegatronPlugin, device: torch.device, *, 
         use_distributed_optimizer=plugin.use_distributed_optimizer,
         bucket_size=plugin.bucket_size,
     )
+    if device.type != "cuda" and cuda_redirect.redirect_moe_layers(model):
+        model._accel_moe = True  # type: ignore[assignment]  # its backward runs redirected as well
     with on_device(device):
         return DistributedDataParallel(
             config=model_config(model), ddp_config=ddp_config, module=model, disable_bucketing=not first_chunk

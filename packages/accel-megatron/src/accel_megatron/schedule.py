@@ -50,11 +50,13 @@ def run(
     *,
     forward_only: bool = False,
     seq_length: int | None = None,
+    outputs: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run the schedule; returns the mean micro-batch loss on every pipeline stage.
 
     `seq_length`: the sequence length of the activations passed between stages (default:
-    dim 1 of the batch's first tensor).
+    dim 1 of the batch's first tensor). `outputs`: a list that receives the last stage's output
+    of every micro-batch (detached), in order.
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -68,6 +70,8 @@ def run(
         output = forward_fn(stage, micro_batch)
 
         def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            if outputs is not None:
+                outputs.append(output_tensor.detach().clone())
             loss = loss_fn(output_tensor, micro_batch)
             # A copy: megatron-core divides the returned loss by the micro-batch count in place.
             return loss, {"loss": loss.detach().clone()}

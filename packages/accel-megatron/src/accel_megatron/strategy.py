@@ -18,7 +18,14 @@ from accel.strategies.base import Strategy
 from torch import nn
 
 from . import checkpoint, parallel, schedule
-from .optim import MegatronOptimizer, MegatronScheduler, build_optimizer, build_scheduler
+from .data import DatasetsBuilder, MegatronLMDummyDataLoader
+from .optim import (
+    MegatronLMDummyScheduler,
+    MegatronOptimizer,
+    MegatronScheduler,
+    build_optimizer,
+    build_scheduler,
+)
 from .plugin import MegatronConfigError, MegatronPlugin
 
 # Accelerate's own messages (its Megatron-LM branch of `prepare`), so code that matches on them keeps working.
@@ -55,6 +62,9 @@ class MegatronStrategy(Strategy):
         self._prepared_models = 0
         # The megatron-core optimizer built for each user optimizer (by id), for schedulers prepared later.
         self._built: dict[int, Any] = {}
+        self._datasets = DatasetsBuilder(config)
+        self.global_batch_size: int | None = None
+        """Samples per optimizer step over all replicas, from the first loader prepared (the train loader)."""
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed.distributed_type import DistributedType
@@ -83,6 +93,25 @@ class MegatronStrategy(Strategy):
             raise AssertionError(MULTIPLE_MODELS)
         # Parallel state first, whatever the argument order: data loaders need the DP group.
         self._ensure_initialized(ctx.device, ctx.adapter.backend)
+        from megatron.core import parallel_state
+        from torch.utils.data import DataLoader
+
+        dp = parallel_state.get_data_parallel_world_size()
+        for obj in objects:
+            plain = isinstance(obj, DataLoader) and not isinstance(obj, MegatronLMDummyDataLoader)
+            if plain and self.global_batch_size is None and obj.batch_size:
+                # The first loader prepared is the train loader (Megatron-LM's global batch size).
+                self.global_batch_size = obj.batch_size if ctx.split_batches else obj.batch_size * dp
+            if isinstance(obj, MegatronLMDummyDataLoader) and not getattr(obj, "_is_accel_prepared", False):
+                # Megatron's split for it, before the core shards it over the data-parallel group.
+                self._datasets.fill(obj, dp, self.plugin.seed)
+                if self.global_batch_size is None:
+                    self.global_batch_size = obj.batch_size * dp  # type: ignore[operator]
+            elif isinstance(obj, DataLoader) and self.plugin.megatron_dataset_flag:
+                raise MegatronConfigError(
+                    "megatron_dataset_flag=True: the data comes from Megatron's datasets; prepare "
+                    "accel_megatron.MegatronLMDummyDataLoader(...) instead of a DataLoader, or unset the flag."
+                )
 
     def data_parallel_group(self) -> Any:
         if self.device is None:
@@ -93,6 +122,9 @@ class MegatronStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self._ensure_initialized(ctx.device, ctx.backend)
+        provider = self.plugin.custom_model_provider_function
+        if provider is not None and not isinstance(model, parallel.ModelProvider) and not _is_megatron_module(model):
+            model = parallel.ModelProvider(provider)  # Accelerate: it builds the model in place of the one given
         if isinstance(model, parallel.ModelProvider):
             stages = model.build()
             if ctx.device_placement:
@@ -101,7 +133,7 @@ class MegatronStrategy(Strategy):
             stages = [model]
         wrapped = []
         for i, stage in enumerate(stages):
-            parallel.check_config(parallel.model_config(stage), self.plugin)
+            parallel.check_config(parallel.model_config(stage), self.plugin, stage)
             if not ctx.evaluation_mode:
                 stage = parallel.half_precision(stage, ctx.mixed_precision)
             wrapped.append(parallel.wrap_ddp(stage, self.plugin, ctx.device, first_chunk=i == 0))
@@ -164,22 +196,40 @@ class MegatronStrategy(Strategy):
             )
         if owner is None:
             raise MegatronConfigError("Prepare the optimizer before (or together with) its scheduler.")
-        return MegatronScheduler(build_scheduler(scheduler, owner), owner)
+        increment = 1
+        if isinstance(scheduler, MegatronLMDummyScheduler) and self.plugin.train_samples is not None:
+            if self.global_batch_size is None:
+                raise MegatronConfigError(
+                    "A schedule in samples (train_samples) steps by the global batch size: prepare the train "
+                    "DataLoader before (or together with) the MegatronLMDummyScheduler."
+                )
+            increment = self.global_batch_size
+        return MegatronScheduler(build_scheduler(scheduler, owner, self.plugin), owner, increment)
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
         """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
         configs: list[Any] = [getattr(m, "config", None) for m in self.models]
         scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
-        if scaler is None:
-            return super().backward(loss, sync=sync, **kwargs)
-        scaler(loss).backward(**kwargs)
+        # Off CUDA, MoE layers' backward collectives ask for the CUDA device too.
+        self._record_loss(loss, scheduled=False)
+        moe = any(getattr(getattr(m, "module", m), "_accel_moe", False) for m in self.models)
+        with self.redirect() if moe else contextlib.nullcontext():
+            if scaler is None:
+                return super().backward(loss, sync=sync, **kwargs)
+            scaler(loss).backward(**kwargs)
         return True
 
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
-        raise MegatronConfigError(
-            "Under megatron-core the optimizer clips the global gradient norm itself (over every tensor- and "
-            "pipeline-parallel shard); set MegatronPlugin(gradient_clipping=...) instead of clip_grad_norm_."
-        )
+        """Through megatron-core's optimizer: the global L2 norm over every shard of the prepared model
+        (its optimizer's parameters, whatever `parameters` lists), clipped as its `clip_grad` clips."""
+        if float(norm_type) != 2.0:
+            raise MegatronConfigError(
+                f"megatron-core clips the L2 norm only; clip_grad_norm_(norm_type={norm_type}) is not supported."
+            )
+        optimizers = list(self._built.values())
+        if len(optimizers) != 1:
+            raise MegatronConfigError("clip_grad_norm_ under megatron-core needs exactly one prepared optimizer.")
+        return optimizers[0].clip_grad_norm_(float(max_norm))
 
     # ---- pipeline steps --------------------------------------------------------------------
     def train_step(
@@ -191,7 +241,7 @@ class MegatronStrategy(Strategy):
         *,
         forward_only: bool = False,
         seq_length: int | None = None,
-    ) -> torch.Tensor:
+    ) -> Any:
         """Forward and backward of one batch through megatron-core's pipeline schedule.
 
         The batch is split into `num_micro_batches` along dim 0; `forward_fn(model, micro_batch)`
@@ -199,19 +249,62 @@ class MegatronStrategy(Strategy):
         the mean loss over micro-batches on every process of the pipeline. Gradients are left in
         DDP's buffers for `optimizer.step()`. `seq_length`: the sequence length of the
         activations between stages when it is not dim 1 of the batch (e.g. tokens that hold
-        the shifted labels too). `forward_only`: evaluation, no backward.
+        the shifted labels too). `forward_only`: evaluation, no backward; with the plugin's
+        `return_logits` it returns `(loss, outputs)`, the last stage's outputs of the batch
+        concatenated along dim 0 (None on other pipeline stages), as Accelerate's `eval_step`.
         """
         assert self.device is not None, "prepare a model first"
+        outputs: list[torch.Tensor] | None = [] if forward_only and self.plugin.return_logits else None
         with self.redirect():
-            return schedule.run(
+            loss = schedule.run(
                 parallel.chunks_of(model),
                 batch,
                 forward_fn,
                 loss_fn,
                 self.plugin.num_micro_batches,
                 forward_only=forward_only,
-                seq_length=seq_length,
+                seq_length=seq_length or self.plugin.seq_length,
+                outputs=outputs,
             )
+        if not forward_only:
+            self._record_loss(loss, scheduled=True)
+        if outputs is None:
+            return loss
+        return loss, (torch.cat(outputs) if outputs else None)
+
+    def log_eval_results(self, results: dict[str, float]) -> None:
+        """Accelerate's `log_eval_results`: each evaluation metric (e.g. the mean loss of the `forward_only`
+        steps, averaged over the data-parallel replicas) to TensorBoard as "{name} validation" and
+        "{name} validation ppl" (exp, capped at e^20) at the current optimizer step, and printed by the
+        last process, as Megatron-LM does. Nothing without `tensorboard_dir` or before the first step."""
+        import math
+
+        import torch.distributed as dist
+
+        optimizer = next(iter(self._built.values()), None)
+        if self.plugin.tensorboard_dir is None or optimizer is None or optimizer.iteration == 0:
+            return
+        line = f"validation loss at iteration {optimizer.iteration} | " + " | ".join(
+            f"{name} value: {float(value)} | {name} PPL: {math.exp(min(20.0, float(value)))}"
+            for name, value in results.items()
+        )
+        logger = optimizer._logger
+        if logger is not None:
+            for name, value in results.items():
+                logger.writer.add_scalar(f"{name} validation", float(value), optimizer.iteration)
+                logger.writer.add_scalar(
+                    f"{name} validation ppl", math.exp(min(20.0, float(value))), optimizer.iteration
+                )
+            logger.writer.flush()
+        if not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1:
+            print("-" * (len(line) + 1) + "\n" + line + "\n" + "-" * (len(line) + 1))
+
+    def _record_loss(self, loss: torch.Tensor, *, scheduled: bool) -> None:
+        """For TensorBoard's "lm loss" (only under `tensorboard_dir`)."""
+        for optimizer in self._built.values():
+            if optimizer.log_losses:
+                kept = optimizer.schedule_losses if scheduled else optimizer.losses
+                kept.append(loss.detach().reshape(()).float().cpu())
 
     # ---- state dicts and checkpoints -------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -226,9 +319,15 @@ class MegatronStrategy(Strategy):
         self, prepared: Prepared, ctx: RunContext, directory: Path, *, writer: bool, safe_serialization: bool
     ) -> list[str] | None:
         with self.redirect():
-            return checkpoint.save(prepared, ctx, directory)
+            return checkpoint.save(prepared, ctx, directory, optimizer_state=not self.plugin.no_save_optim)
 
     def load_checkpoint_state(self, prepared: Prepared, ctx: RunContext, directory: Path, *, strict: bool) -> bool:
         with self.redirect():
-            checkpoint.load(prepared, directory, strict=strict)
+            checkpoint.load(prepared, directory, strict=strict, optimizer_state=not self.plugin.no_load_optim)
         return True
+
+
+def _is_megatron_module(model: nn.Module) -> bool:
+    from megatron.core.transformer.module import MegatronModule
+
+    return isinstance(model, MegatronModule)

@@ -1,9 +1,10 @@
 """Train a small megatron-core GPTModel through accel; argv: MODE OUT_DIR.
 
 MODE: ref (one process, no model parallelism: the reference), tp (TP=2), dp (DP=2 through
-megatron-core's DDP), dpopt (DP=2 with the distributed optimizer), pp (PP=2, pipeline schedule), vpp (PP=2 with 2
-virtual stages per process: the interleaved schedule).
-Every mode starts from the reference's initial full weights and writes its per-step losses.
+megatron-core's DDP, overlapped bucketed reduction), dpopt (DP=2 with the distributed optimizer), pp (PP=2,
+pipeline schedule, 1 + 3 layers), vpp (PP=2 with 2 virtual stages per process: the interleaved schedule), accum
+(TP=2 with selective recomputation, 2 accumulated half-batches per step).
+Every mode starts from the reference's initial full weights and writes its per-step losses and gradient norms.
 """
 
 import json
@@ -13,20 +14,30 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accel import Accelerator
-from accel_megatron import MegatronPlugin, ModelProvider
+from accel_megatron import (
+    MegatronPlugin,
+    ModelProvider,
+    avg_losses_across_data_parallel_group,
+    gather_across_data_parallel_groups,
+)
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 mode, out = sys.argv[1], Path(sys.argv[2])
+
+
 STEPS, VOCAB, SEQ, BATCH = 4, 64, 8, 8
 plugin = {
     "ref": MegatronPlugin(),
     "tp": MegatronPlugin(tp_degree=2),
-    "dp": MegatronPlugin(),
+    # megatron-core's bucketed, overlapped gradient reduction (small buckets: several per step).
+    "dp": MegatronPlugin(overlap_grad_reduce=True, bucket_size=2000),
     "dpopt": MegatronPlugin(use_distributed_optimizer=True),
-    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2),
+    # An uneven split: 1 layer on the first stage, 3 on the last.
+    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2, decoder_last_pipeline_num_layers=3),
     "vpp": MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2),
-    "accum": MegatronPlugin(tp_degree=2),
+    # Selective recomputation on top of TP=2 (sequence parallelism needs Apex/TE layer norms: not on CPU).
+    "accum": MegatronPlugin(tp_degree=2, recompute_activations=True),
 }[mode]
 # Data-parallel modes split each batch of BATCH over the replicas, so one step sees the same
 # samples as the reference and the scheduler steps once per step (as on one process).
@@ -91,7 +102,7 @@ def loss_fn(per_token: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return per_token.float().mean()
 
 
-losses, lrs, seen, gathered = [], [], [], []
+losses, lrs, seen, gathered, norms = [], [], [], [], []
 for (batch,) in loader:
     seen.append(batch.tolist())
     gathered.append(accelerator.gather_for_metrics(batch).tolist())
@@ -101,12 +112,33 @@ for (batch,) in loader:
         else:
             loss = loss_fn(forward(model, batch), batch)
             accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            # The global norm over every TP/PP/DP shard, through megatron-core's optimizer (too high to clip).
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1e6)))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
     if accelerator.sync_gradients:
         lrs.append(scheduler.get_last_lr()[0])
     losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+    # Accelerate's Megatron helpers: over the data-parallel replicas only.
+    averaged = avg_losses_across_data_parallel_group([loss])[0].item()
+    assert abs(averaged - losses[-1]) <= 1e-6 * max(1.0, abs(losses[-1])), (averaged, losses[-1])
+    assert gather_across_data_parallel_groups({"x": batch})["x"].tolist() == gathered[-1]
+
+# Evaluation of the trained model on the first batch: the pipeline schedule's forward-only pass.
+eval_batch = tokens[:BATCH].to(accelerator.device)
+if mode in ("pp", "vpp"):
+    # Accelerate's eval_step with return_logits: the loss and the last stage's outputs.
+    accelerator.strategy.plugin.return_logits = True
+    step = accelerator.strategy.train_step
+    evaluated, outputs = step(model, eval_batch, forward, loss_fn, forward_only=True, seq_length=SEQ)
+else:
+    with torch.no_grad():
+        outputs = forward(model, eval_batch)
+        evaluated = loss_fn(outputs, eval_batch)
+all_outputs = [None] * accelerator.num_processes
+dist.all_gather_object(all_outputs, None if outputs is None else outputs.tolist())
 
 everyone = [None] * accelerator.num_processes
 dist.all_gather_object(everyone, seen)
@@ -115,6 +147,9 @@ accelerator.save_model(model, out / f"{mode}_model")
 if accelerator.is_main_process:
     plain = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items() if isinstance(v, torch.Tensor)}
     result = {"losses": losses, "lrs": lrs, "seen": everyone, "gathered": gathered, "final_keys": sorted(final)}
+    result["norms"] = norms
+    result["eval"] = float(evaluated)
+    result["eval_outputs"] = next(o for o in all_outputs if o is not None)
     if mode == "ref":
         save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "ref_plain.safetensors"))
     (out / f"{mode}.json").write_text(json.dumps(result))
