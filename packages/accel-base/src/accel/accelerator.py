@@ -249,6 +249,7 @@ class Accelerator(AcceleratorCompatMixin):
             process_index=self.process_index,
             local_process_index=self.local_process_index,
             num_processes=self.num_processes,
+            local_num_processes=self.state.launch.local_world_size if self.use_distributed else 1,
             is_main_process=self.is_main_process,
             is_local_main_process=self.is_local_main_process,
             use_distributed=self.use_distributed,

@@ -37,6 +37,8 @@ class RunContext:
     process_index: int = 0
     local_process_index: int = 0
     num_processes: int = 1
+    local_num_processes: int = 1
+    """Processes on this node (the launcher's local world size), e.g. for a strategy that shards within nodes."""
     is_main_process: bool = True
     is_local_main_process: bool = True
     use_distributed: bool = False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
 import warnings
 import weakref
@@ -608,7 +607,7 @@ class FSDP1Strategy(FSDP2Strategy):
 
         if not self.config.sharding_strategy.startswith(("HYBRID", "_HYBRID")):
             return self.mesh(ctx.device, ctx.num_processes)
-        per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.num_processes)))
+        per_node = max(1, ctx.local_num_processes)
         if ctx.num_processes % per_node:
             raise ValueError(
                 f"{self.config.sharding_strategy} needs the same number of processes on every node; got "
