@@ -42,10 +42,11 @@ class IpexAdapter(Adapter):
         # fp16: IPEX's CPU training path has no loss-scaled fp16 master weights (and this
         # CPU's kernels would emulate fp16); bf16 has fp32's range and needs no scaler.
         precisions=frozenset({"no", "bf16"}),
-        # FSDP2 would shard parameters that IPEX has swapped for prepacked/bf16 ones; IPEX
-        # supports neither it nor torch.compile of its prepacked layers through inductor.
+        # FSDP2 would shard parameters that IPEX has swapped for prepacked/bf16 ones (see the README).
         strategies=frozenset({"ddp"}),
-        compile=False,
+        # torch.compile over the ipex.optimize'd model: IPEX's own dynamo backend ("ipex", Accelerate's
+        # DynamoBackend.IPEX, the default here) or inductor; numbers equal to eager (tests/test_compile.py).
+        compile=True,
         multi_process=True,
     )
     vendor_module: ClassVar[str] = "accel_ipex.ipex"
@@ -131,6 +132,12 @@ class IpexAdapter(Adapter):
     def manual_seed(self, seed: int) -> None:
         if self.on_xpu:
             self.vendor.xpu_manual_seed(seed)
+
+    compile_backends: ClassVar[frozenset[str] | None] = frozenset({"ipex", "inductor"})
+
+    def compile_backend(self) -> str:
+        """IPEX's dynamo backend (registered by `import intel_extension_for_pytorch`)."""
+        return "ipex"
 
     # ---- launch: Accelerate's --ipex and ipex_config ---------------------------------------------
     @classmethod
