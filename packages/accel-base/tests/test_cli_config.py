@@ -267,6 +267,42 @@ def test_an_installed_adapter_declares_its_hardwares_keys(monkeypatch: pytest.Mo
         accelerate_launch_defaults({**data, "tpu_zone": "z"}, lines)
 
 
+def test_an_adapter_reads_its_own_accelerate_section_under_any_distributed_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`Adapter.accelerate_config_settings` (a CPU extension's section in a MULTI_CPU file) and
+    `Adapter.accelerate_env`; a section whose keys all hold their defaults asks for nothing."""
+    from accel.adapter import registry
+    from accel.adapter.cpu import CPUAdapter
+    from accel.compat.env import apply_accelerate_env
+
+    data = {"distributed_type": "MULTI_CPU", "use_cpu": True, "ext_config": {"ext": False}}
+    assert accelerate_launch_defaults(data, {})[0] == {"cpu": True}  # no adapter reads it: all defaults, nothing
+    with pytest.raises(ConfigError, match=r"ext_config: accel has no equivalent"):
+        accelerate_launch_defaults({**data, "ext_config": {"ext": True}}, {})
+
+    class CPUExtension(CPUAdapter):
+        name = "cpuext"
+        accelerate_env = {"ACCELERATE_USE_EXT": "ACCEL_EXT_ON"}
+
+        @classmethod
+        def accelerate_config_settings(cls, key: str, value: object) -> dict[str, object] | None:
+            if key != "ext_config":
+                return None
+            if not isinstance(value, dict) or not isinstance(value.get("ext"), bool):
+                raise ValueError("ext: expected true or false")
+            return {"adapter": "cpuext"} if value["ext"] else {}
+
+    installed = {**registry.installed_adapters(), "cpuext": CPUExtension}
+    monkeypatch.setattr(registry, "installed_adapters", lambda: installed)
+    on = accelerate_launch_defaults({**data, "ext_config": {"ext": True}}, {"ext_config": "c.yaml:3"})[0]
+    assert on == {"cpu": True, "adapter": "cpuext"}
+    with pytest.raises(ConfigError, match=r"^c.yaml:3: ext_config: ext: expected true or false$"):
+        accelerate_launch_defaults({**data, "ext_config": {"ext": "x"}}, {"ext_config": "c.yaml:3"})
+    env = {"ACCELERATE_USE_EXT": "false"}
+    assert apply_accelerate_env(env) == [] and env["ACCEL_EXT_ON"] == "false"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -6,7 +6,9 @@ so emulation keeps that module and changes only the device (`cpu`) and the backe
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import os
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -17,7 +19,7 @@ from accel.distributed.distributed_type import DistributedType
 from torch.nn.parallel import DistributedDataParallel
 
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
-from .options import IpexOptions
+from .options import OPTIMIZE_DEST, IpexOptions, add_accelerate_ipex_flag, ipex_config_settings
 from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
 
 if TYPE_CHECKING:
@@ -40,15 +42,19 @@ class IpexAdapter(Adapter):
         # fp16: IPEX's CPU training path has no loss-scaled fp16 master weights (and this
         # CPU's kernels would emulate fp16); bf16 has fp32's range and needs no scaler.
         precisions=frozenset({"no", "bf16"}),
-        # FSDP2 would shard parameters that IPEX has swapped for prepacked/bf16 ones; IPEX
-        # supports neither it nor torch.compile of its prepacked layers through inductor.
+        # FSDP2 would shard parameters that IPEX has swapped for prepacked/bf16 ones (see the README).
         strategies=frozenset({"ddp"}),
-        compile=False,
+        # torch.compile over the ipex.optimize'd model: IPEX's own dynamo backend ("ipex", Accelerate's
+        # DynamoBackend.IPEX, the default here) or inductor; numbers equal to eager (tests/test_compile.py).
+        compile=True,
         multi_process=True,
     )
     vendor_module: ClassVar[str] = "accel_ipex.ipex"
     emulated_vendor_module: ClassVar[str] = "accel_ipex.ipex"
     options_class: ClassVar[type[IpexOptions]] = IpexOptions
+    # Accelerate (before it dropped IPEX) read ACCELERATE_USE_IPEX=false as "do not ipex.optimize";
+    # `accelerate launch` set it from --ipex / ipex_config.
+    accelerate_env: ClassVar[Mapping[str, str]] = {"ACCELERATE_USE_IPEX": "ACCEL_IPEX_OPTIMIZE"}
     config: IpexOptions
     """The parsed options (launch flags / `ACCEL_IPEX_*`, then `Accelerator(adapter_options=...)`)."""
 
@@ -127,6 +133,35 @@ class IpexAdapter(Adapter):
         if self.on_xpu:
             self.vendor.xpu_manual_seed(seed)
 
+    compile_backends: ClassVar[frozenset[str] | None] = frozenset({"ipex", "inductor"})
+
+    def compile_backend(self) -> str:
+        """IPEX's dynamo backend (registered by `import intel_extension_for_pytorch`)."""
+        return "ipex"
+
+    # ---- launch: Accelerate's --ipex and ipex_config ---------------------------------------------
+    @classmethod
+    def add_launch_arguments(cls, parser: argparse._ArgumentGroup) -> None:
+        """The options' flags, and Accelerate's `--ipex` (this adapter, with ipex.optimize on)."""
+        super().add_launch_arguments(parser)
+        add_accelerate_ipex_flag(parser)
+
+    @classmethod
+    def launch_env(cls, args: argparse.Namespace) -> dict[str, str]:
+        """The options' variables from the flags; one filled from a config file's `ipex_config` yields to the same
+        variable already set in the environment (as the core's settings do)."""
+        env = super().launch_env(args)
+        if getattr(args, "accelerate_ipex", None) and getattr(args, OPTIMIZE_DEST, None) is None:
+            env["ACCEL_IPEX_OPTIMIZE"] = "1"  # --ipex; an explicit --[no-]ipex-optimize wins
+        if OPTIMIZE_DEST in getattr(args, "from_file", ()) and "ACCEL_IPEX_OPTIMIZE" in os.environ:
+            env.pop("ACCEL_IPEX_OPTIMIZE", None)
+        return env
+
+    @classmethod
+    def accelerate_config_settings(cls, key: str, value: Any) -> dict[str, Any] | None:
+        """Accelerate's `ipex_config: {ipex: true|false}` (written by `accelerate config` on CPUs and XPUs)."""
+        return ipex_config_settings(value) if key == "ipex_config" else None
+
     # ---- what ipex.optimize is asked for --------------------------------------------------------
     def weights_prepack(self, mixed_precision: str) -> bool:
         """`weights_prepack` for a model prepared under `mixed_precision`: the option when set, else
@@ -178,8 +213,10 @@ class IpexAdapter(Adapter):
         IPEX re-keys and fuses in place. A training model without its optimizer is
         left as it is, with a warning: IPEX cannot optimize it alone."""
         dtype = torch.bfloat16 if ctx.mixed_precision == "bf16" else None
-        prepack = self.weights_prepack(ctx.mixed_precision)
         level = self.config.level
+        # At O0 IPEX prepacks nothing; an explicit weights_prepack would override that, so only the user's does.
+        prepack = self.weights_prepack(ctx.mixed_precision) if level == "O1" else self.config.weights_prepack
+        options = {"weights_prepack": prepack, "level": level, **self.config.optimize_kwargs()}
         if dtype is not None and prepack and not self.on_xpu and not self.bf16_prepack_supported():
             raise RuntimeError(
                 "weights_prepack is forced on, but this CPU cannot prepack bf16 weights (it needs avx_ne_convert "
@@ -187,9 +224,7 @@ class IpexAdapter(Adapter):
                 "--ipex-weights-prepack) to let the adapter decide, or set it to off."
             )
         if ctx.evaluation_mode or not model.training:
-            return self.vendor.optimize_for_inference(  # type: ignore[no-any-return]
-                model, dtype=dtype, weights_prepack=prepack, level=level
-            )
+            return self.vendor.optimize_for_inference(model, dtype=dtype, **options)  # type: ignore[no-any-return]
         optimizer = self._optimizer_of(model, ctx)
         if optimizer is None:
             warnings.warn(
@@ -199,9 +234,7 @@ class IpexAdapter(Adapter):
                 stacklevel=7,  # the user's prepare call: optimize, optimize_model and the walk's four frames
             )
             return model
-        model, _ = self.vendor.optimize_for_training(
-            model, optimizer, dtype=dtype, weights_prepack=prepack, level=level
-        )
+        model, _ = self.vendor.optimize_for_training(model, optimizer, dtype=dtype, **options)
         return model
 
     def _optimizer_of(self, model: torch.nn.Module, ctx: RunContext) -> torch.optim.Optimizer | None:
@@ -227,7 +260,8 @@ class IpexAdapter(Adapter):
     def describe(self) -> str:
         c = self.config
         prepack = "auto" if c.weights_prepack is None else c.weights_prepack
-        return f"{super().describe()} optimize={c.optimize} level={c.level} weights_prepack={prepack}"
+        more = "".join(f" {name}={value}" for name, value in c.optimize_kwargs().items())
+        return f"{super().describe()} optimize={c.optimize} level={c.level} weights_prepack={prepack}{more}"
 
 
 def _broadcast_from_rank0(model: torch.nn.Module) -> None:

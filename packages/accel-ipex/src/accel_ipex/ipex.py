@@ -43,16 +43,14 @@ def optimize_for_training(
     optimizer: torch.optim.Optimizer,
     *,
     dtype: torch.dtype | None,
-    weights_prepack: bool,
-    level: str,
     inplace: bool = _INPLACE,
+    **options: Any,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """`ipex.optimize` of a model in training mode together with its optimizer (in place unless
-    `inplace=False`, IPEX's copying default, which the tests use to show the wrong order)."""
+    `inplace=False`, IPEX's copying default, which the tests use to show the wrong order); `options` are
+    `ipex.optimize`'s other keyword arguments (`level`, `weights_prepack`, ...; None: IPEX's default)."""
     tracked = hasattr(optimizer.step, "_wrapped_by_lr_sched")
-    model_out, optimizer_out = ipex.optimize(
-        model, optimizer=optimizer, dtype=dtype, weights_prepack=weights_prepack, level=level, inplace=inplace
-    )
+    model_out, optimizer_out = ipex.optimize(model, optimizer=optimizer, dtype=dtype, inplace=inplace, **options)
     _load_prepacked_weights_in_place(model_out)
     if tracked:
         _track_steps_for_schedulers(optimizer_out)
@@ -77,13 +75,10 @@ def _track_steps_for_schedulers(optimizer: torch.optim.Optimizer) -> None:
     optimizer.step = step  # type: ignore[method-assign]
 
 
-def optimize_for_inference(
-    model: torch.nn.Module, *, dtype: torch.dtype | None, weights_prepack: bool, level: str
-) -> torch.nn.Module:
-    """`ipex.optimize` of a model in evaluation mode (folds, drops dropout, casts weights to `dtype`)."""
-    out: torch.nn.Module = ipex.optimize(
-        model.eval(), dtype=dtype, weights_prepack=weights_prepack, level=level, inplace=_INPLACE
-    )
+def optimize_for_inference(model: torch.nn.Module, *, dtype: torch.dtype | None, **options: Any) -> torch.nn.Module:
+    """`ipex.optimize` of a model in evaluation mode (folds, drops dropout, casts weights to `dtype`); `options`
+    as for `optimize_for_training`."""
+    out: torch.nn.Module = ipex.optimize(model.eval(), dtype=dtype, inplace=_INPLACE, **options)
     return out
 
 

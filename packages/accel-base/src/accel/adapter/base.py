@@ -171,6 +171,23 @@ class Adapter(LegacyPrepareHooks):
     """Keys of an Accelerate config file (`accelerate config`) whose `distributed_type` is this
     adapter's `data_parallel_name` that only this hardware has: key -> None (harmless, ignored with
     one note) or the reason it is refused (what to do instead). `accel launch --config_file` reads it."""
+    accelerate_env: ClassVar[Mapping[str, str]] = {}
+    """Variables of Accelerate's launcher this adapter honours, whatever hardware runs: `ACCELERATE_<NAME>` -> the
+    adapter's own variable, which gets the value unchanged (an own variable already set wins). Without an entry
+    here such a variable is warned about as one accel cannot honour."""
+
+    @classmethod
+    def accelerate_config_settings(cls, key: str, value: Any) -> dict[str, Any] | None:
+        """`accel launch` settings for a key of an Accelerate config file (`accelerate config`) that this adapter
+        reads whatever the file's `distributed_type`: launch destinations (`"adapter"`, the destinations of the
+        adapter's own flags) -> values, which fill what the command line left unset. None (the default): not a key
+        of this adapter's.
+
+        Raises:
+            ValueError: a value the adapter cannot take (reported with the key's line).
+        """
+        return None
+
     options_class: ClassVar[type[AdapterOptions] | None] = None
     """The adapter's options (an `accel.adapter.options.AdapterOptions` dataclass): parsed into
     `self.config` at construction (its environment variables, then `Accelerator(adapter_options=...)`),

@@ -92,7 +92,11 @@ def launch_parser(argv: Sequence[str] = (), *, with_adapters: bool = True) -> ar
     a = p.add_argument_group("accel")
     a.add_argument("--adapter", default=None, help="adapter to use (default: the best available)")
     a.add_argument("--emulate", action="store_true", help="run the adapter's code on the CPU with gloo")
-    a.add_argument("--cpu", action="store_true", help="use the built-in cpu adapter")
+    a.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run on the CPU: the built-in cpu adapter, or the adapter --adapter names when it runs on the CPU",
+    )
     add_flag(a, "mixed-precision", choices=["no", "bf16", "fp16", "fp8"], default=None, help="precision of the run")
     add_flag(a, "gradient-accumulation-steps", type=int, default=None, help="micro-batches per optimizer step")
     a.add_argument("--strategy", default=None, help="ddp (default), fsdp2, deepspeed, or another registered strategy")

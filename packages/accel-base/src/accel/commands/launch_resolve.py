@@ -57,6 +57,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argpar
             setattr(args, dest, value)
             args.from_file.add(dest)
     _accelerate_machines(args)
+    if args.cpu and args.adapter not in (None, "cpu") and _runs_on_the_cpu(args.adapter):
+        args.cpu = False  # `--cpu` asks for the CPU, and the adapter named runs there
     if args.cpu and args.adapter not in (None, "cpu"):
         raise UsageError(f"--cpu and --adapter {args.adapter} ask for different hardware; give one of them")
     if args.module and args.no_python:
@@ -161,11 +163,21 @@ def _selected_adapter(args: argparse.Namespace) -> type[Any]:
     return registry.select_adapter(name, emulate=bool(emulate))
 
 
+def _runs_on_the_cpu(name: str) -> bool:
+    """Whether the installed adapter `name` runs on the CPU itself (an extension of the CPU, not a device)."""
+    cls = registry.installed_adapters().get(name)
+    return cls is not None and cls.hardware_device_type == "cpu" and cls.name != "cpu"
+
+
 def _refuse_other_adapters_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, selected: str) -> None:
     for name, dests in args._adapter_dests.items():
         if name == selected:
             continue
-        used = [flag for dest, flag in dests.items() if getattr(args, dest, None) != parser.get_default(dest)]
+        used = [
+            flag
+            for dest, flag in dests.items()
+            if getattr(args, dest, None) != parser.get_default(dest) and dest not in args.from_file
+        ]
         if used:
             raise UsageError(
                 f"{', '.join(used)}: {'flags' if len(used) > 1 else 'a flag'} of the {name!r} adapter, but "

@@ -9,7 +9,9 @@ of an adapter) may carry Accelerate's keys for that hardware. The core names no 
 adapter declares them (`accelerate_config_keys`, see `hardware_keys`): a key it calls harmless is
 ignored with one warning naming every such key, a key with a reason is refused with that reason.
 With no adapter for that hardware installed, its keys are ignored with the same warning (the run
-needs `--cpu` then, and they mean nothing on the CPU).
+needs `--cpu` then, and they mean nothing on the CPU). A key an adapter reads under any
+`distributed_type` (a CPU extension's section, say) is the adapter's to translate
+(`Adapter.accelerate_config_settings`); a section whose keys all hold their defaults asks for nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ STRATEGY_TYPES = {"FSDP": "fsdp2", "DEEPSPEED": "deepspeed", "MEGATRON_LM": "meg
 
 def _is_off(value: Any) -> bool:
     """Accelerate's default for keys accel does not use: nothing asked for."""
-    if isinstance(value, (list, dict)):
+    if isinstance(value, dict):  # a section whose every key is at its default asks for nothing either
+        return all(_is_off(v) for v in value.values())
+    if isinstance(value, list):
         return not value
     return value is None or value is False or value in ("", "no", "NO", "none", "main", "all")
 
@@ -48,11 +52,14 @@ def accelerate_launch_defaults(data: dict[str, Any], lines: dict[str, str]) -> t
     hardware = dtype not in ("NO", "MULTI_CPU", *STRATEGY_TYPES)
     claimed, adapters = hardware_keys(dtype) if hardware else ({}, [])
     ignored: list[str] = []
+    read_by_adapters = _AdapterKeys()
     for key, value in data.items():
         handler = _HANDLERS.get(key)
         try:
             if handler is not None:
                 handler(key, value, data, out, notes)
+            elif (settings := read_by_adapters(key, value)) is not None:
+                out.update(settings)
             elif _is_off(value):
                 continue
             elif claimed.get(key):
@@ -117,6 +124,28 @@ def hardware_keys(distributed_type: str) -> tuple[dict[str, str | None], list[st
             names.append(name)
             keys.update(getattr(cls, "accelerate_config_keys", None) or {})
     return keys, names
+
+
+class _AdapterKeys:
+    """The installed adapters' `accelerate_config_settings`, asked for each key the core does not read (the
+    adapters are looked up once, at the first such key)."""
+
+    def __init__(self) -> None:
+        self._adapters: list[Any] | None = None
+
+    def __call__(self, key: str, value: Any) -> dict[str, Any] | None:
+        if self._adapters is None:
+            from ..adapter.registry import installed_adapters
+
+            self._adapters = [cls for _name, cls in sorted(installed_adapters().items())]
+        for cls in self._adapters:
+            try:
+                settings = cls.accelerate_config_settings(key, value)
+            except ValueError as exc:
+                raise SettingError(key, str(exc).removeprefix(f"{key}: ")) from None
+            if settings is not None:
+                return dict(settings)
+        return None
 
 
 Handler = Callable[[str, Any, dict[str, Any], dict[str, Any], list[str]], None]

@@ -4,7 +4,8 @@ A script started by `accelerate launch --mixed_precision bf16 --use_deepspeed` (
 its config file) gets its settings as `ACCELERATE_*`, `FSDP_*` and `MEGATRON_LM_*`
 environment variables. `apply_accelerate_env` turns every one with an accel equivalent
 into accel's own variable (an `ACCEL_*` already set wins) and warns once, naming them,
-about the rest: the script never trains differently in silence.
+about the rest: the script never trains differently in silence. Variables about one vendor's
+hardware are the adapter's to map (`Adapter.accelerate_env`): the core names no vendor.
 
 Under `ACCELERATE_USE_MEGATRON_LM`, the `MEGATRON_LM_*` degrees and options become the options of
 accel-megatron's `MegatronPlugin` (`MEGATRON_LM_TP_DEGREE` -> `tp_degree`); without it they are warned about.
@@ -111,7 +112,11 @@ def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[st
             if as_bool(name, value):
                 unhonoured.append(name)
         elif name.startswith("ACCELERATE_") and name not in _HARMLESS and name not in _DEEPSPEED_VARS:
-            unhonoured.append(name)
+            own = _adapter_variables().get(name)
+            if own is None:
+                unhonoured.append(name)
+            else:
+                env.setdefault(own, value)
     strategy = env.get("ACCEL_STRATEGY")
     megatron_vars = sorted(name for name in names if name.startswith("MEGATRON_LM_"))
     if strategy != "megatron":
@@ -132,6 +137,16 @@ def apply_accelerate_env(env: MutableMapping[str, str] | None = None) -> list[st
             f"{', '.join(sorted(unhonoured))}. See docs/launching.md for each one's accel equivalent."
         )
     return sorted(unhonoured)
+
+
+def _adapter_variables() -> dict[str, str]:
+    """`ACCELERATE_*` variables the installed adapters honour (`Adapter.accelerate_env`) -> their own variables."""
+    from ..adapter.registry import installed_adapters
+
+    mapping: dict[str, str] = {}
+    for _name, cls in sorted(installed_adapters().items()):
+        mapping.update(getattr(cls, "accelerate_env", None) or {})
+    return mapping
 
 
 def _strategy_config_from_accelerate(env: MutableMapping[str, str], strategy: str) -> dict[str, Any]:
