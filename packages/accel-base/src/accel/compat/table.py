@@ -51,10 +51,11 @@ REASONS: dict[str, str] = {
         "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
         "Accelerate's; SageMaker is not supported"
     ),
-    r"MegatronLM.*|.*TrainStep|megatron_lm_.*|add_model_config_to_megatron_parser": (
-        "Megatron-LM support comes from the accel-megatron package (`pip install 'accel-megatron[megatron]'`)"
+    r"MegatronLMDummy(Scheduler|DataLoader)|avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
+        "Megatron-LM support comes from the accel-megatron package, which has this name: "
+        "`from accel_megatron import ...` (`pip install 'accel-megatron[megatron]'`)"
     ),
-    r"avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
+    r"MegatronLM.*|.*TrainStep|megatron_lm_.*|add_model_config_to_megatron_parser": (
         "Megatron-LM support comes from the accel-megatron package (`pip install 'accel-megatron[megatron]'`)"
     ),
     r"MSAMPRecipeKwargs": "MS-AMP is not supported; use TERecipeKwargs or AORecipeKwargs",
