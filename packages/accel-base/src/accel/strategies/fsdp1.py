@@ -12,6 +12,7 @@ shared); this module holds what it needs that FSDP2 does not, and imports no oth
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -113,20 +114,27 @@ def broadcast_from_main(model: nn.Module, device: torch.device) -> None:
             dist.broadcast(tensor.data, src=0)
 
 
-def flat_group_names(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[list[str]] | None:
-    """The names of the user's parameters in each of `optimizer`'s groups when it trains FSDP1 flat parameters
-    (use_orig_params=False: one flat parameter stands for several named ones); None when it trains none."""
+def _flat_units(model: nn.Module) -> Iterator[tuple[str, Any, Any, list[str]]]:
+    """Each FSDP1 unit of `model` with a flat parameter: (unit name, its handle, the flat parameter, the
+    canonical names of the user's parameters it holds)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from ..prepare.group import canonical_name
 
-    names: dict[int, list[str]] = {}
     for prefix, unit in model.named_modules():
         handle = getattr(unit, "_handle", None) if isinstance(unit, FSDP) else None
         flat = getattr(handle, "flat_param", None)
-        if flat is not None and not getattr(handle, "_use_orig_params", True):
+        if flat is not None:
             head = canonical_name(prefix + "." if prefix else "")
-            names[id(flat)] = [canonical_name(head + fqn) for fqn in flat._fqns]
+            yield canonical_name(prefix) or "<root>", handle, flat, [canonical_name(head + f) for f in flat._fqns]
+
+
+def flat_group_names(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[list[str]] | None:
+    """The names of the user's parameters in each of `optimizer`'s groups when it trains FSDP1 flat parameters
+    (use_orig_params=False: one flat parameter stands for several named ones); None when it trains none."""
+    names = {
+        id(flat): held for _, handle, flat, held in _flat_units(model) if not getattr(handle, "_use_orig_params", True)
+    }
     if not names:
         return None
     return [[n for p in g["params"] for n in names.get(id(p), [])] for g in optimizer.param_groups]
@@ -165,21 +173,13 @@ def flat_parameters_of(
 ) -> dict[int, tuple[weakref.ref[torch.Tensor], str]]:
     """Which flat parameter (and unit name) now holds each of the user's parameters `before` wrapping, by the
     parameter's id (use_orig_params=False)."""
-    flat_of: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
     from ..prepare.group import canonical_name
 
     by_name = {canonical_name(n): p for n, p in before.items()}
-    for prefix, unit in fsdp.named_modules():
-        handle = getattr(unit, "_handle", None) if isinstance(unit, FSDP) else None
-        flat = getattr(handle, "flat_param", None)
-        if flat is None:
-            continue
-        unit_name = canonical_name(prefix) or "<root>"
-        head = canonical_name(prefix + "." if prefix else "")
-        for fqn in flat._fqns:
-            old = by_name.get(canonical_name(head + fqn))
+    flat_of: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+    for unit_name, _, flat, held in _flat_units(fsdp):
+        for name in held:
+            old = by_name.get(name)
             if old is not None:
                 flat_of[id(old)] = (weakref.ref(flat), unit_name)
     return flat_of
