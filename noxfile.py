@@ -316,7 +316,7 @@ def bench(session: nox.Session) -> None:
     docs/performance.md shows."""
     install_base(session)
     session.install("matplotlib")
-    sections = "steps,import,checkpoint,loader,parallel"
+    sections = "steps,import,checkpoint,loader,parallel,launch"
     session.run("python", f"{BASE}/benchmarks/run.py", "--sections", sections, *session.posargs)
     # The CUDA adapter's overhead, emulated here; on a GPU machine also real CUDA and bf16 tokens/s.
     session.install("-e", "packages/accel-cuda")

@@ -2,19 +2,21 @@
 
 1. Step time: raw DDP (PyTorch defaults), raw DDP with the settings accel uses, and accel,
    interleaved in one 2-process gloo group, for MLPs of hidden size 64, 512 and 2048.
-2. Import cost: `python -X importtime -c "import accel"` against `import torch`.
+2. Import cost: `python -X importtime -c "from accel import Accelerator"` against `import torch`.
 3. Checkpoints: `save_state`/`load_state` against `safetensors.torch.save_file`/`load_file`
    of the same tensors (one process).
 4. Data loading: a prepared loader (sharded, and dispatched) against a plain DataLoader
    with DistributedSampler, 2 gloo processes.
 5. Memory: the bytes of live tensors each of 2 processes holds after an AdamW step, per
    strategy (DDP, FSDP2, and DeepSpeed's ZeRO stages when DeepSpeed is installed).
-6. N-D parallelism (`parallel`, not in the default list): per-rank parameter + gradient +
+6. Launch: start-to-exit of a 2-process no-op through `accel launch` against torchrun, interleaved
+   (`launch_bench.py`).
+7. N-D parallelism (`parallel`, not in the default list): per-rank parameter + gradient +
    optimizer bytes for DDP / FSDP2 / TP on 2 gloo processes and FSDP2 x TP (2 x 2) on 4, against
    the theoretical share, and the step time of each through accel against the same composition
    written with raw torch (`parallel_bench.py`).
 
-`--sections steps,import,checkpoint,loader,memory[,parallel]` picks what runs (default: all but parallel); other
+`--sections steps,import,checkpoint,loader,memory,launch[,parallel]` picks what runs (default: all but parallel); other
 arguments go to the step benchmark (`--reduce` adds a step with `accelerator.reduce(loss)`, with the
 stuck-collective watchdog on and off, against raw DDP with `dist.all_reduce`). Prints markdown tables and writes each section's
 figures as data (`<section>.json`, and `.csv` for steps and memory) to `--out-dir`
@@ -67,16 +69,20 @@ def save(out_dir: Path, section: str, data: Any, rows: list[dict[str, Any]] | No
             writer.writerows(rows)
 
 
-def import_cost(module: str) -> float:
-    """Cumulative import time of `module` in microseconds, from -X importtime."""
+def import_cost(statement: str) -> float:
+    """Import time of `statement` in microseconds: the sum of its top-level imports' cumulative
+    times from -X importtime (`from accel import Accelerator` imports `accel`, then the engine)."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True
+        [sys.executable, "-X", "importtime", "-c", statement], capture_output=True, text=True, check=True
     )
+    total = 0.0
     for line in out.stderr.splitlines():
-        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|\s*(\S+)$", line)
-        if m and m.group(2) == module:
-            return float(m.group(1))
-    raise RuntimeError(f"no import time line for {module}")
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\S+)$", line)  # one space: a top-level import
+        if m:
+            total += float(m.group(1))
+    if not total:
+        raise RuntimeError(f"no import time line for {statement!r}")
+    return total
 
 
 def step_times(extra: list[str]) -> dict[str, dict[str, float]]:
@@ -143,7 +149,7 @@ def loader_table(out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--sections", default="steps,import,checkpoint,loader,memory")
+    parser.add_argument("--sections", default="steps,import,checkpoint,loader,memory,launch")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where each section's JSON/CSV goes")
     known, extra = parser.parse_known_args()
     sections = set(known.sections.split(","))
@@ -159,6 +165,28 @@ def main() -> None:
         memory_table(known.out_dir)
     if "parallel" in sections:
         parallel_table(known.out_dir)
+    if "launch" in sections:
+        launch_table(known.out_dir)
+
+
+def launch_table(out_dir: Path) -> None:
+    """`launch_bench.py`: start-to-exit of a 2-process no-op, `accel launch` against torchrun, interleaved."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "launch.json"
+        subprocess.run([sys.executable, str(HERE / "launch_bench.py"), "--out", str(out)], check=True, timeout=1800)
+        m = json.loads(out.read_text())
+    save(out_dir, "launch", m)
+    load = m["load_average_1min"]
+    print(
+        f"\n## Launch: 2-process no-op, start to exit ({m['rounds']} interleaved rounds, load {load['before']}-{load['after']})\n"
+    )
+    print("| torchrun | accel launch | accel / torchrun (median of paired ratios, IQR) |")
+    print("| --- | --- | --- |")
+    low, high = m["ratio_interquartile"]
+    med = m["median_seconds"]
+    print(
+        f"| {med['torchrun']:.3f} s | {med['accel launch']:.3f} s | {m['ratio_accel_over_torchrun']:.3f} ({low:.3f}-{high:.3f}) |"
+    )
 
 
 def parallel_table(out_dir: Path) -> None:
@@ -280,11 +308,11 @@ def step_table(extra: list[str], out_dir: Path) -> None:
 
 
 def import_table(out_dir: Path) -> None:
-    torch_us = import_cost("torch")
-    accel_us = import_cost("accel")
+    torch_us = import_cost("import torch")
+    accel_us = import_cost("from accel import Accelerator")
     save(out_dir, "import", {"torch_ms": torch_us / 1e3, "accel_ms": accel_us / 1e3})
     print("\n## Import cost (cumulative, -X importtime)\n")
-    print("| import torch | import accel (includes torch) | accel's own share |")
+    print("| import torch | from accel import Accelerator (includes torch) | accel's own share |")
     print("| --- | --- | --- |")
     print(
         f"| {torch_us / 1e3:.0f} ms | {accel_us / 1e3:.0f} ms | {(accel_us - torch_us) / 1e3:.0f} ms ({accel_us / torch_us:.2f}x) |"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from accel.cli import WORKER_BOOTSTRAP
+from accel.commands.launch import GUARD_SH, _death_signal_runner
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -40,7 +41,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _start_workers(tmp_path: Path, mode: str = "script") -> tuple[subprocess.Popen[bytes], list[int]]:
+def _start_workers(
+    tmp_path: Path, mode: str = "script", env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], list[int]]:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     target = [str(script)]
@@ -51,7 +54,7 @@ def _start_workers(tmp_path: Path, mode: str = "script") -> tuple[subprocess.Pop
         script.chmod(0o755)
         target = ["--no-python", str(script)]
     cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--cpu", *target, str(tmp_path)]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env)
     deadline = time.monotonic() + 120
     pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
     while not all(p.exists() and p.read_text() for p in pid_files):
@@ -69,18 +72,24 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_workers_die_with_their_launcher(tmp_path: Path, sig: signal.Signals) -> None:
-    launcher, pids = _start_workers(tmp_path)
+def _stop(launcher: subprocess.Popen[bytes], pids: list[int], sig: signal.Signals = signal.SIGKILL) -> list[int]:
+    """Send `sig` to the launcher: the workers still alive 10 s after it ended (then killed, whatever happens)."""
     try:
-        assert all(_alive(p) for p in pids)
         launcher.send_signal(sig)
         launcher.wait(timeout=60)
-        left = _wait_gone(pids, 10)
+        return _wait_gone(pids, 10)
     finally:
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_workers_die_with_their_launcher(tmp_path: Path, sig: signal.Signals) -> None:
+    launcher, pids = _start_workers(tmp_path)
+    running = [_alive(p) for p in pids]
+    left = _stop(launcher, pids, sig)
+    assert running == [True, True]
     assert left == [], f"workers {left} outlived a launcher stopped by {sig.name}"
     if sig != signal.SIGKILL:
         # torchrun's own handling: the launcher stops the workers and exits non-zero.
@@ -90,15 +99,43 @@ def test_workers_die_with_their_launcher(tmp_path: Path, sig: signal.Signals) ->
 @pytest.mark.parametrize("mode", ["module", "exec"])
 def test_module_and_no_python_workers_die_with_a_killed_launcher(tmp_path: Path, mode: str) -> None:
     launcher, pids = _start_workers(tmp_path, mode)
-    try:
-        launcher.kill()
-        launcher.wait(timeout=60)
-        left = _wait_gone(pids, 10)
-    finally:
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    left = _stop(launcher, pids)
     assert left == [], f"{mode} workers {left} outlived a SIGKILLed launcher"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's")
+@pytest.mark.parametrize("guard", ["setpriv", "python"])
+def test_each_guard_runs_torchruns_command_and_dies_with_the_launcher(tmp_path: Path, guard: str) -> None:
+    """util-linux's `setpriv` where it runs (a launch at torchrun's cost), else the Python bootstrap: either way
+    the worker is torchrun's own `python -u SCRIPT ARGS` (same pid) and a SIGKILLed launcher takes it along."""
+    env = dict(os.environ)
+    if guard == "setpriv":
+        if _death_signal_runner() is None:
+            pytest.skip("no setpriv with --pdeathsig here")
+    else:
+        env["PATH"] = str(tmp_path / "empty")  # no setpriv: the launcher falls back to worker_bootstrap.py
+    launcher, pids = _start_workers(tmp_path, env=env)
+    argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1] for pid in pids]
+    left = _stop(launcher, pids)
+    assert argvs == [[sys.executable, "-u", str(tmp_path / "loop.py"), str(tmp_path)]] * 2
+    assert left == [], f"workers {left} outlived a SIGKILLed launcher ({guard})"
+
+
+def test_a_worker_whose_launcher_is_gone_does_not_start(tmp_path: Path) -> None:
+    """The shell guard run under `setpriv`: a parent that is not the launcher (it died before the death signal
+    was armed) means the worker never starts, with the reason on stderr."""
+    runner = _death_signal_runner()
+    if runner is None:
+        pytest.skip("no setpriv with --pdeathsig here")
+    marker = tmp_path / "ran"
+    cmd = [*runner[1:], "-c", GUARD_SH, "1", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and not marker.exists()
+    assert "the launcher (pid 1) is gone; not starting" in out.stderr
+    ok = subprocess.run(
+        [*runner[1:], "-c", GUARD_SH, str(os.getpid()), sys.executable, "-c", f"open({str(marker)!r}, 'w')"], timeout=60
+    )
+    assert ok.returncode == 0 and marker.exists()
 
 
 def test_worker_runs_as_torchrun_would_run_it(tmp_path: Path) -> None:

@@ -9,8 +9,11 @@ impossible requests with a `UsageError` before anything starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -147,9 +150,9 @@ def _requested_adapter(argv: Sequence[str]) -> str | None:
 def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = None) -> list[str]:
     """torchrun's argument list for these `accel launch` arguments.
 
-    With `launcher_pid`, each worker starts through `accel/commands/worker_bootstrap.py`, which ties
-    its life to that process (the launcher running torchrun in-process): a launcher killed
-    with SIGKILL takes its workers with it instead of leaving them training.
+    With `launcher_pid`, each worker starts tied to that process (the launcher running torchrun
+    in-process, `guarded_worker`): a launcher killed with SIGKILL takes its workers with it instead
+    of leaving them training.
     """
     nnodes = str(args.nnodes or "1")
     argv = [
@@ -191,8 +194,7 @@ def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = 
         if value is not None and value != "":
             argv += [flag, str(value)]
     if launcher_pid is not None:
-        mode = "module" if args.module else "exec" if args.no_python else "script"
-        return [*argv, str(WORKER_BOOTSTRAP), str(launcher_pid), mode, args.script, *args.script_args]
+        return [*argv, *guarded_worker(launcher_pid, args)]
     if args.module:
         argv.append("--module")
     if args.no_python:
@@ -200,6 +202,71 @@ def build_torchrun_argv(args: argparse.Namespace, *, launcher_pid: int | None = 
     argv.append(args.script)
     argv += args.script_args
     return argv
+
+
+# Run by `setpriv --pdeathsig KILL` as `sh -c GUARD LAUNCHER_PID COMMAND...`: the death signal is armed, so
+# the worker starts only while its parent is still the launcher (it may have died before), tells the progress
+# line it started (`worker_bootstrap._mark_started`'s file) and becomes COMMAND: same pid, signals, exit code.
+GUARD_SH = (
+    'test "$PPID" = "$0" || { echo "accel launch worker: the launcher (pid $0) is gone; not starting $*" >&2; '
+    "exit 1; }; "
+    '[ -z "$ACCEL_LAUNCH_PROGRESS_DIR" ] || true 2>/dev/null >"$ACCEL_LAUNCH_PROGRESS_DIR/started-${LOCAL_RANK:-0}"; '
+    'exec "$@"'
+)
+
+
+@functools.cache
+def _death_signal_runner() -> tuple[str, str] | None:
+    """util-linux's `setpriv` and a POSIX `sh` when both are here and `setpriv --pdeathsig` works, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    setpriv, sh = shutil.which("setpriv"), shutil.which("sh")
+    if not setpriv or not sh:
+        return None
+    try:
+        ok = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", sh, "-c", ":"], timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return (setpriv, sh) if ok else None
+
+
+def guarded_worker(launcher_pid: int, args: argparse.Namespace) -> list[str]:
+    """The tail of torchrun's arguments that starts each worker tied to the launcher `launcher_pid`.
+
+    A launcher killed with SIGKILL takes its workers with it (Linux asks the kernel for SIGKILL when the
+    parent dies, `PR_SET_PDEATHSIG`). Where util-linux's `setpriv` runs, it arms that signal and a shell
+    execs the worker's command: two tiny programs, a few milliseconds, so a launch costs what torchrun's
+    does. Elsewhere `worker_bootstrap.py` does it in Python (one more interpreter start per worker; off
+    Linux a thread watches the parent instead). Either way the worker is exactly torchrun's command, with
+    torchrun's interpreter (`PYTHON_EXEC`, else this one), and keeps its pid, signals and exit code.
+    """
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    mode = "module" if args.module else "exec" if args.no_python else "script"
+    runner = _death_signal_runner()
+    if runner is not None:
+        setpriv, sh = runner
+        command = (
+            [args.script] if mode == "exec" else [python, "-u", *(["-m"] if mode == "module" else []), args.script]
+        )
+        return [
+            "--no-python",
+            setpriv,
+            "--pdeathsig",
+            "KILL",
+            "--",
+            sh,
+            "-c",
+            GUARD_SH,
+            str(launcher_pid),
+            *command,
+            *args.script_args,
+        ]
+    bootstrap = [str(WORKER_BOOTSTRAP), str(launcher_pid), mode, args.script, *args.script_args]
+    if sys.platform.startswith("linux"):
+        # The bootstrap only arms the death signal and execs the worker: an isolated interpreter without
+        # `site` is all it needs.
+        return ["--no-python", python, "-I", "-S", *bootstrap]
+    return bootstrap
 
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:

@@ -14,8 +14,10 @@ death signal survives the exec. Elsewhere a daemon thread polls the parent and t
 runs in this interpreter the way `python` would run it.
 
 This file runs as a script before the user's code, so it imports no part of accel (and
-no torch): it costs one bare interpreter start per worker. Run as a script, its own folder
-is first on `sys.path`; it imports only standard modules that no accel module shadows.
+no torch): it costs one bare interpreter start per worker. On Linux `accel launch` runs it
+as `python -I -S` (isolated, no `site`: nothing but the standard library is needed before
+the exec); elsewhere as `python -u`, where its own folder is first on `sys.path` and it
+imports only standard modules that no accel module shadows.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
-import time
 
 PR_SET_PDEATHSIG = 1
 MODES = ("script", "module", "exec")
@@ -46,6 +46,8 @@ def _set_parent_death_signal() -> bool:
 
 def _watch_parent(launcher_pid: int) -> None:
     """Kill this process once its parent is no longer the launcher (non-Linux fallback)."""
+    import threading
+    import time
 
     def watch() -> None:
         while os.getppid() == launcher_pid:
