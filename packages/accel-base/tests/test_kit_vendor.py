@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,10 +30,15 @@ def _classes() -> dict[str, type[Adapter]]:
     sys.path.insert(0, str(FIXTURES))
     try:
         from kit_leaky import LeakyNPUAdapter
+        from kit_npu import planted
         from kit_npu.adapter import HollowNPUAdapter, RealNPUAdapter
     finally:
         sys.path.remove(str(FIXTURES))
-    return {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter, "leakynpu": LeakyNPUAdapter}
+    found = {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter, "leakynpu": LeakyNPUAdapter}
+    for value in vars(planted).values():
+        if isinstance(value, type) and issubclass(value, Adapter) and value.__module__ == planted.__name__:
+            found[value.name] = value
+    return found
 
 
 def _launch(adapter: str, out: Path) -> KitRun:
@@ -374,3 +380,129 @@ def test_the_guide_calls_the_reusable_workflow_with_inputs_it_has() -> None:
     requirement = call["with"]["accel-version"]
     assert requirement.startswith("accel-base")
     assert __version__ in SpecifierSet(requirement.removeprefix("accel-base")), (requirement, __version__)
+
+
+# ---- kit v3 (issue 32): every claim emulation can observe, planted bugs, contract versions --------------------
+
+CLAIM_TESTS = (
+    "test_claim_distributed_type_names_the_device",
+    "test_claim_empty_cache_reaches_the_vendor_module",
+    "test_claim_model_is_placed_on_the_device",
+    "test_claim_scheduler_steps_the_optimizer_that_trains",
+    "test_claim_optimizer_matches_adamw_with_weight_decay",
+    "test_claim_autocast_device_and_backend_match_the_declaration",
+    "test_claim_stand_in_has_the_real_vendor_functions",
+)
+PLANTED = [
+    ("bug_distributed_type", CLAIM_TESTS[0], "wrong DistributedType: data_parallel_name = 'MULTI_GPU'"),
+    ("bug_empty_cache", CLAIM_TESTS[1], "empty_cache (free_memory) made no call into the adapter's vendor module"),
+    ("bug_host_model", CLAIM_TESTS[2], "model left on the host"),
+    ("bug_after_prepare", CLAIM_TESTS[3], "the scheduler steps another optimizer"),
+    ("bug_coupled_decay", CLAIM_TESTS[4], "does not train like torch.optim.AdamW with weight decay"),
+    ("bug_autocast", CLAIM_TESTS[5], "autocast on the wrong device type: the adapter's autocast asked for ['cuda']"),
+    ("bug_backend", CLAIM_TESTS[5], "wrong collective backend: off emulation the adapter's backend is 'nccl'"),
+    ("bug_stand_in_names", CLAIM_TESTS[6], "stand-in names differ from the real vendor module: "),
+]
+
+
+@pytest.fixture(scope="module")
+def installed_fixtures() -> Any:
+    """The fixture adapters as installed packages (their dist-info on sys.path), for in-process runs."""
+    from accel.adapter import registry
+
+    sys.path.insert(0, str(FIXTURES))
+    registry.clear_cache()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(FIXTURES))
+        registry.clear_cache()
+
+
+def _claims_run(name: str) -> KitRun:
+    """The kit's `claims` check run in this process on the emulated adapter `name` (one process)."""
+    from accel import Accelerator
+    from accel.adapter import registry
+    from accel.distributed.state import AcceleratorState, GradientState
+    from accel.testing.checks_claims import claims_report
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        report = claims_report(Accelerator(adapter=name, emulate=True))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    return KitRun(1, registry.get_adapter_class(name).capabilities, Path("."), [{"claims": {"ok": report}}], "")
+
+
+@pytest.mark.parametrize("test", CLAIM_TESTS)
+def test_the_correct_adapter_passes_every_claim_check(installed_fixtures: None, test: str) -> None:
+    getattr(_suite("realnpu"), test)(_claims_run("realnpu"))
+
+
+@pytest.mark.parametrize(("adapter", "test", "names"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_a_planted_bug_fails_the_kit_naming_it(installed_fixtures: None, adapter: str, test: str, names: str) -> None:
+    run = _claims_run(adapter)
+    with pytest.raises(AssertionError) as failure:
+        getattr(_suite(adapter), test)(run)
+    assert names in str(failure.value)
+    # ... and only the check of that claim fails (a scheduler decaying an optimizer nobody steps also changes
+    # the numbers): the others pass on the same adapter.
+    also = {CLAIM_TESTS[4]} if adapter == "bug_after_prepare" else set()
+    for other in set(CLAIM_TESTS) - {test} - also:
+        getattr(_suite(adapter), other)(run)
+
+
+def test_the_planted_optimizer_bugs_are_off_by_what_the_issue_measured(installed_fixtures: None) -> None:
+    """The scheduler decays an optimizer nobody steps (reported lr 0.01/1.1, used 0.01); coupled decay drifts."""
+    lrs = _claims_run("bug_after_prepare").get("claims")[0]["optimizer"]["lrs"]
+    assert lrs[0] == pytest.approx((0.01 / 1.1, 0.01)) and lrs[-1][1] == 0.01
+    assert _claims_run("bug_coupled_decay").get("claims")[0]["optimizer"]["max_abs_diff"] > 1e-4
+
+
+def test_a_fused_switch_skipped_under_emulation_fails_on_the_kit_model(installed_fixtures: None) -> None:
+    """The emulation-decision check now prepares the kit's MLP with AdamW: an optimizer flag set only on the
+    hardware twin shows without any model of the adapter's own."""
+    from accel import Accelerator
+    from accel.testing import hardware_twin
+    from accel.testing.checks_models import _decisions, _mlp_with_adamw
+    from kit_npu.adapter import GatedNPUAdapter, RealNPUAdapter
+
+    ctx = Accelerator(cpu=True)._run(device_placement=True)
+    for cls, same in ((RealNPUAdapter, True), (GatedNPUAdapter, False)):
+        emulated = cls(emulate=True)
+        a, b = _decisions(emulated, ctx, _mlp_with_adamw), _decisions(hardware_twin(emulated), ctx, _mlp_with_adamw)
+        assert (a["record"]["optimizer_flags"] == b["record"]["optimizer_flags"]) is same
+
+
+@pytest.mark.parametrize("name", ["npuv1", "npuv2"])
+def test_adapters_written_for_contract_one_and_two_pass(installed_fixtures: None, name: str) -> None:
+    """Without `generator(index)` (optional: a warning, the calls still checked) and, for version 1, without
+    `data_parallel_name` (added in version 2: a warning); every other claim holds them as it holds version 3."""
+    from accel.testing.suite import KitWarning
+
+    run = _claims_run(name)
+    suite = _suite(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for test in CLAIM_TESTS:
+            getattr(suite, test)(run)
+    said = [str(w.message) for w in caught if issubclass(w.category, KitWarning)]
+    assert any("data_parallel_name" in s for s in said) is (name == "npuv1"), said
+    assert not any("cannot compare" in s for s in said), said  # the stand-in declares REAL_FUNCTIONS
+
+
+def test_a_stand_in_without_generator_warns_and_checks_the_calls(installed_fixtures: None) -> None:
+    """The device-RNG check on a version-1 stand-in: a KitWarning, and a hook that never reaches the stand-in
+    still fails."""
+    from accel.testing.suite import KitWarning
+
+    calls = {"set_seed_calls": ["manual_seed"], "save_state_calls": ["get_rng_state"], "load_state_calls": []}
+    report = {"instrumented": True, "emulated_vendor_module": "kit_npu.npu_v1", "has_generator": False}
+    run = KitRun(1, _classes()["realnpu"].capabilities, Path("."), [{"vendor": {"ok": {**report, "rng": calls}}}], "")
+    with pytest.warns(KitWarning, match="has no `generator"), pytest.raises(AssertionError, match="load_state"):
+        _suite("npuv1").test_vendor_device_rng_is_seeded_consumed_and_restored(run)
+    calls["load_state_calls"] = ["set_rng_state"]
+    with pytest.warns(KitWarning, match="checks only that set_seed, save_state and load_state call"):
+        _suite("npuv1").test_vendor_device_rng_is_seeded_consumed_and_restored(run)

@@ -55,8 +55,10 @@ class SwapAfterPrepareNPU(RealNPUAdapter):
     def after_prepare(self, prepared: list[Any], ctx: Any) -> None:
         for obj in prepared:
             if hasattr(obj, "optimizer") and isinstance(obj.optimizer, torch.optim.AdamW):
-                old = obj.optimizer
-                obj.optimizer = torch.optim.AdamW(old.param_groups, lr=old.defaults["lr"] * 0.125)
+                old = obj.optimizer  # the vendor's fused AdamW, built anew: the scheduler still holds `old`
+                d = old.defaults
+                params = [p for g in old.param_groups for p in g["params"]]
+                obj.optimizer = torch.optim.AdamW(params, lr=d["lr"], weight_decay=d["weight_decay"], betas=d["betas"])
 
 
 class CoupledDecayNPU(RealNPUAdapter):
@@ -64,7 +66,9 @@ class CoupledDecayNPU(RealNPUAdapter):
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:
         if isinstance(optimizer, torch.optim.AdamW):  # "fused Adam" with L2 (coupled) weight decay
-            return torch.optim.Adam(optimizer.param_groups, **{**optimizer.defaults, "decoupled_weight_decay": False})
+            d = optimizer.defaults
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            return torch.optim.Adam(params, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"])
         return optimizer
 
 
