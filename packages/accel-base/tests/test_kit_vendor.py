@@ -24,6 +24,15 @@ VENDOR_TESTS = (
     "test_vendor_module_is_used_by_the_hooks",
     "test_vendor_grad_scaler_is_used_under_fp16",
 )
+CLAIM_TESTS = (
+    "test_claim_distributed_type_names_the_device",
+    "test_claim_empty_cache_reaches_the_vendor_module",
+    "test_claim_model_is_placed_on_the_device",
+    "test_claim_scheduler_steps_the_optimizer_that_trains",
+    "test_claim_optimizer_matches_adamw_with_weight_decay",
+    "test_claim_autocast_device_and_backend_match_the_declaration",
+    "test_claim_stand_in_has_the_real_vendor_functions",
+)
 
 
 def _classes() -> dict[str, type[Adapter]]:
@@ -50,7 +59,7 @@ def _launch(adapter: str, out: Path) -> KitRun:
     extras = (
         []
         if adapter == "leakynpu"
-        else ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum"]
+        else ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum", "claims"]
     )
     cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor", *extras]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -78,7 +87,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KitRun]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("test", VENDOR_TESTS)
+@pytest.mark.parametrize("test", VENDOR_TESTS + CLAIM_TESTS)
 def test_an_adapter_that_reaches_its_vendor_passes(runs: dict[str, KitRun], test: str) -> None:
     getattr(_suite("realnpu"), test)(runs["realnpu"])
 
@@ -384,15 +393,6 @@ def test_the_guide_calls_the_reusable_workflow_with_inputs_it_has() -> None:
 
 # ---- kit v3 (issue 32): every claim emulation can observe, planted bugs, contract versions --------------------
 
-CLAIM_TESTS = (
-    "test_claim_distributed_type_names_the_device",
-    "test_claim_empty_cache_reaches_the_vendor_module",
-    "test_claim_model_is_placed_on_the_device",
-    "test_claim_scheduler_steps_the_optimizer_that_trains",
-    "test_claim_optimizer_matches_adamw_with_weight_decay",
-    "test_claim_autocast_device_and_backend_match_the_declaration",
-    "test_claim_stand_in_has_the_real_vendor_functions",
-)
 PLANTED = [
     ("bug_distributed_type", CLAIM_TESTS[0], "wrong DistributedType: data_parallel_name = 'MULTI_GPU'"),
     ("bug_empty_cache", CLAIM_TESTS[1], "empty_cache (free_memory) made no call into the adapter's vendor module"),
@@ -506,3 +506,55 @@ def test_a_stand_in_without_generator_warns_and_checks_the_calls(installed_fixtu
     calls["load_state_calls"] = ["set_rng_state"]
     with pytest.warns(KitWarning, match="checks only that set_seed, save_state and load_state call"):
         _suite("npuv1").test_vendor_device_rng_is_seeded_consumed_and_restored(run)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_failing_before_the_process_group_ends_the_run_with_its_error(tmp_path: Path) -> None:
+    """The device count read from the wrong variable: rank 1 fails in device_for, rank 0 waits in the
+    rendezvous. The kit's run ends at once (not after its 1200 s timeout), and every test shows rank 1's error."""
+    import time
+
+    from accel.testing.suite import run_kit_launch
+
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--adapter", "bug_device_count"]
+    cmd += ["--emulate", "--timeout", "120", "-m", "accel.testing.worker", str(tmp_path), "process_state", "claims"]
+    start = time.monotonic()
+    run = run_kit_launch(cmd, _env(), tmp_path, 2, _classes()["bug_device_count"].capabilities, timeout=1200)
+    assert time.monotonic() - start < 60, run.launch_output
+    assert "rank 1 failed before the process group formed (check 'process_state')" in run.launch_output
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run.get("claims")
+    message = str(failure.value)
+    assert "rank 1 failed before the process group formed, in check 'process_state'" in message
+    assert "ValueError: NPU 1 is not visible (NPU_VISIBLE_DEVICES)" in message
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_left_waiting_for_one_that_exited_is_ended(tmp_path: Path) -> None:
+    """Rank 1 finishes and exits; rank 0 never returns. The kit ends the launch `grace` seconds after rank 1
+    finished, and says so."""
+    import time
+
+    from accel.testing.suite import run_kit_launch
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import json, os, sys, threading\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    open(os.path.join(sys.argv[1], 'rank1.json'), 'w').write(json.dumps({'x': {'ok': 1}}))\n"
+        "else:\n"
+        "    threading.Event().wait()\n"
+    )
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", str(script), str(tmp_path)]
+    start = time.monotonic()
+    run = run_kit_launch(cmd, _env(), tmp_path, 2, _classes()["realnpu"].capabilities, timeout=1200, grace=3)
+    assert time.monotonic() - start < 60
+    assert "the kit ended the run: ranks [1] finished, the others were still running 3 s later" in run.launch_output
+    with pytest.raises(pytest.fail.Exception, match="did not finish on every rank"):
+        run.get("x")

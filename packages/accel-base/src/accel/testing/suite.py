@@ -90,7 +90,7 @@ class KitRun:
 
     def get(self, name: str) -> list[dict[str, Any]]:
         """Every rank's result for check `name`; fails the test with the workers' traceback if one raised."""
-        aborted = [(r, res[ABORTED]) for r, res in enumerate(self.results) if ABORTED in res]
+        aborted = [(res[ABORTED].get("rank", r), res[ABORTED]) for r, res in enumerate(self.results) if ABORTED in res]
         if aborted:
             pytest.fail(
                 "the conformance run stopped: "
@@ -116,10 +116,17 @@ RANK_GRACE = 60.0
 
 
 def run_kit_launch(
-    cmd: list[str], env: dict[str, str], out: Path, world: int, caps: Capabilities, *, timeout: float
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    world: int,
+    caps: Capabilities,
+    *,
+    timeout: float,
+    grace: float = RANK_GRACE,
 ) -> KitRun:
     """Run the kit's launch `cmd` and read every rank's `rank<r>.json` from `out`. It never hangs: once one
-    rank has written its results (or the launcher has exited), the others get `RANK_GRACE` seconds, then
+    rank has written its results (or the launcher has exited), the others get `grace` seconds, then
     the whole launch (its process group) is ended and the output so far is what the tests show."""
     files = [out / f"rank{r}.json" for r in range(world)]
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
@@ -129,11 +136,11 @@ def run_kit_launch(
             now = time.monotonic()
             if first_done is None and any(f.is_file() for f in files):
                 first_done = now
-            if now - start > timeout or (first_done is not None and now - first_done > RANK_GRACE):
+            if now - start > timeout or (first_done is not None and now - first_done > grace):
                 done = [r for r, f in enumerate(files) if f.is_file()]
                 ended = (
                     f"\nthe kit ended the run: ranks {done} finished, the others were still running "
-                    f"{RANK_GRACE:.0f} s later (a rank waiting for one that has exited)"
+                    f"{grace:.0f} s later (a rank waiting for one that has exited)"
                     if first_done is not None
                     else f"\nthe kit ended the run after its timeout of {timeout:.0f} s"
                 )

@@ -46,7 +46,8 @@ def run(out: Path, names: list[str]) -> dict[str, Any]:
         except Exception:
             results[name] = {"error": traceback.format_exc()}
             if several and not (dist.is_available() and dist.is_initialized()):
-                results[ABORTED] = {"check": name, "error": results[name]["error"]}
+                rank = int(os.environ.get("RANK", "0"))
+                results[ABORTED] = {"rank": rank, "check": name, "error": results[name]["error"]}
                 break
     return results
 
