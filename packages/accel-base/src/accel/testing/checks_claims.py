@@ -20,7 +20,6 @@ tests call it directly on planted-bug adapters) and reports, for the suite to ju
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import inspect
 import math
@@ -226,7 +225,11 @@ def stand_in_names(cls: type[Adapter]) -> dict[str, Any]:
         return {"stand_in": None}
     stand_in = importlib.import_module(cls.emulated_vendor_module)
     own = _functions(stand_in, own_only=True) - KIT_ONLY_FUNCTIONS - set(getattr(stand_in, "EMULATION_ONLY", ()))
-    report: dict[str, Any] = {"stand_in": sorted(own), "module": cls.emulated_vendor_module, "real_module": cls.vendor_module}
+    report: dict[str, Any] = {
+        "stand_in": sorted(own),
+        "module": cls.emulated_vendor_module,
+        "real_module": cls.vendor_module,
+    }
     try:
         real = importlib.import_module(cls.vendor_module)
     except Exception as exc:

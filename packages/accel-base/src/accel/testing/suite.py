@@ -237,10 +237,10 @@ class AdapterConformanceSuite:
         names += [f"custom:{path}" for path in cls.extra_checks]
         if cls.emulated():
             names.append("emulation:" + ",".join(cls.emulation_models))
-        else:
-            names.append("hardware")
             if cls._vendor_checks_apply() is None:
                 names.append("vendor")
+        else:
+            names.append("hardware")
         return names
 
     @pytest.fixture(scope="class")
@@ -332,9 +332,11 @@ class AdapterConformanceSuite:
             )
             device = d["hardware_device_type"].upper()
             expected = {self.distributed_type} if self.distributed_type else {f"MULTI_{device}", device}
-            if d["declared"] not in expected and effective_api_version(cls) < 2 and "data_parallel_name" not in {
-                n for k in cls.__mro__ if k is not Adapter for n in vars(k)
-            }:
+            if (
+                d["declared"] not in expected
+                and effective_api_version(cls) < 2
+                and "data_parallel_name" not in {n for k in cls.__mro__ if k is not Adapter for n in vars(k)}
+            ):
                 warnings.warn(
                     KitWarning(
                         f"the adapter (contract {effective_api_version(cls)}) declares no data_parallel_name, so its "

@@ -29,7 +29,6 @@ from . import (
 )
 from .checks import CHECKS
 
-
 ABORTED = "__aborted__"
 """Key of a rank's result that stopped before its process group formed: the check and its traceback."""
 
