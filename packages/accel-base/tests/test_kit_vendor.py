@@ -558,3 +558,37 @@ def test_a_rank_left_waiting_for_one_that_exited_is_ended(tmp_path: Path) -> Non
     assert "the kit ended the run: ranks [1] finished, the others were still running 3 s later" in run.launch_output
     with pytest.raises(pytest.fail.Exception, match="did not finish on every rank"):
         run.get("x")
+
+
+@pytest.mark.parametrize("name", ["npuv1", "npuv2"])
+def test_contract_one_and_two_stand_ins_pass_the_vendor_checks(
+    installed_fixtures: None, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kit's `vendor` check run in this process (one rank) on a stand-in without `generator(index)`: the
+    device made current, the RNG hooks reaching the stand-in; a KitWarning says what was not checked."""
+    from accel.distributed.state import AcceleratorState, GradientState
+    from accel.testing import checks_vendor
+    from accel.testing.suite import KitWarning
+
+    monkeypatch.setenv("ACCEL_ADAPTER", name)
+    monkeypatch.setenv("ACCEL_EMULATE", "1")
+    monkeypatch.setattr(checks_vendor, "_RECORD", None)
+    monkeypatch.setattr(checks_vendor, "_SETTERS", ())
+    cls = _classes()[name]
+    for hook in checks_vendor.DEVICE_HOOKS:  # instrument_vendor tags them in place: undone after the test
+        monkeypatch.setattr(cls, hook, getattr(cls, hook))
+    checks_vendor.instrument_vendor()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        report = checks_vendor.vendor(tmp_path, "")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert report["has_generator"] is False and "set_rng_state" in report["rng"]["load_state_calls"]
+    run = KitRun(1, cls.capabilities, tmp_path, [{"vendor": {"ok": report}}], "")
+    suite = _suite(name)
+    suite.test_vendor_device_made_current_before_process_group(run)
+    suite.test_vendor_module_is_used_by_the_hooks(run)
+    with pytest.warns(KitWarning, match="has no `generator"):
+        suite.test_vendor_device_rng_is_seeded_consumed_and_restored(run)
