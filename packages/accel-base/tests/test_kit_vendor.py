@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,16 +24,30 @@ VENDOR_TESTS = (
     "test_vendor_module_is_used_by_the_hooks",
     "test_vendor_grad_scaler_is_used_under_fp16",
 )
+CLAIM_TESTS = (
+    "test_claim_distributed_type_names_the_device",
+    "test_claim_empty_cache_reaches_the_vendor_module",
+    "test_claim_model_is_placed_on_the_device",
+    "test_claim_scheduler_steps_the_optimizer_that_trains",
+    "test_claim_optimizer_matches_adamw_with_weight_decay",
+    "test_claim_autocast_device_and_backend_match_the_declaration",
+    "test_claim_stand_in_has_the_real_vendor_functions",
+)
 
 
 def _classes() -> dict[str, type[Adapter]]:
     sys.path.insert(0, str(FIXTURES))
     try:
         from kit_leaky import LeakyNPUAdapter
+        from kit_npu import planted
         from kit_npu.adapter import HollowNPUAdapter, RealNPUAdapter
     finally:
         sys.path.remove(str(FIXTURES))
-    return {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter, "leakynpu": LeakyNPUAdapter}
+    found = {"realnpu": RealNPUAdapter, "hollownpu": HollowNPUAdapter, "leakynpu": LeakyNPUAdapter}
+    for value in vars(planted).values():
+        if isinstance(value, type) and issubclass(value, Adapter) and value.__module__ == planted.__name__:
+            found[value.name] = value
+    return found
 
 
 def _launch(adapter: str, out: Path) -> KitRun:
@@ -44,7 +59,7 @@ def _launch(adapter: str, out: Path) -> KitRun:
     extras = (
         []
         if adapter == "leakynpu"
-        else ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum"]
+        else ["emulation:kit_npu.kit_extras:conv_with_adam", "custom:kit_npu.kit_extras:rank_sum", "claims"]
     )
     cmd += ["--timeout", "120", "-m", "accel.testing.worker", str(out), "vendor", *extras]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -72,7 +87,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KitRun]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("test", VENDOR_TESTS)
+@pytest.mark.parametrize("test", VENDOR_TESTS + CLAIM_TESTS)
 def test_an_adapter_that_reaches_its_vendor_passes(runs: dict[str, KitRun], test: str) -> None:
     getattr(_suite("realnpu"), test)(runs["realnpu"])
 
@@ -374,3 +389,206 @@ def test_the_guide_calls_the_reusable_workflow_with_inputs_it_has() -> None:
     requirement = call["with"]["accel-version"]
     assert requirement.startswith("accel-base")
     assert __version__ in SpecifierSet(requirement.removeprefix("accel-base")), (requirement, __version__)
+
+
+# ---- kit v3 (issue 32): every claim emulation can observe, planted bugs, contract versions --------------------
+
+PLANTED = [
+    ("bug_distributed_type", CLAIM_TESTS[0], "wrong DistributedType: data_parallel_name = 'MULTI_GPU'"),
+    ("bug_empty_cache", CLAIM_TESTS[1], "empty_cache (free_memory) made no call into the adapter's vendor module"),
+    ("bug_host_model", CLAIM_TESTS[2], "model left on the host"),
+    ("bug_after_prepare", CLAIM_TESTS[3], "the scheduler steps another optimizer"),
+    ("bug_coupled_decay", CLAIM_TESTS[4], "does not train like torch.optim.AdamW with weight decay"),
+    ("bug_autocast", CLAIM_TESTS[5], "autocast on the wrong device type: the adapter's autocast asked for ['cuda']"),
+    ("bug_backend", CLAIM_TESTS[5], "wrong collective backend: off emulation the adapter's backend is 'nccl'"),
+    ("bug_stand_in_names", CLAIM_TESTS[6], "stand-in names differ from the real vendor module: "),
+]
+
+
+@pytest.fixture(scope="module")
+def installed_fixtures() -> Any:
+    """The fixture adapters as installed packages (their dist-info on sys.path), for in-process runs."""
+    from accel.adapter import registry
+
+    sys.path.insert(0, str(FIXTURES))
+    registry.clear_cache()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(FIXTURES))
+        registry.clear_cache()
+
+
+def _claims_run(name: str) -> KitRun:
+    """The kit's `claims` check run in this process on the emulated adapter `name` (one process)."""
+    from accel import Accelerator
+    from accel.adapter import registry
+    from accel.distributed.state import AcceleratorState, GradientState
+    from accel.testing.checks_claims import claims_report
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        report = claims_report(Accelerator(adapter=name, emulate=True))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    return KitRun(1, registry.get_adapter_class(name).capabilities, Path("."), [{"claims": {"ok": report}}], "")
+
+
+@pytest.mark.parametrize("test", CLAIM_TESTS)
+def test_the_correct_adapter_passes_every_claim_check(installed_fixtures: None, test: str) -> None:
+    getattr(_suite("realnpu"), test)(_claims_run("realnpu"))
+
+
+@pytest.mark.parametrize(("adapter", "test", "names"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_a_planted_bug_fails_the_kit_naming_it(installed_fixtures: None, adapter: str, test: str, names: str) -> None:
+    run = _claims_run(adapter)
+    with pytest.raises(AssertionError) as failure:
+        getattr(_suite(adapter), test)(run)
+    assert names in str(failure.value)
+    # ... and only the check of that claim fails (a scheduler decaying an optimizer nobody steps also changes
+    # the numbers): the others pass on the same adapter.
+    also = {CLAIM_TESTS[4]} if adapter == "bug_after_prepare" else set()
+    for other in set(CLAIM_TESTS) - {test} - also:
+        getattr(_suite(adapter), other)(run)
+
+
+def test_the_planted_optimizer_bugs_are_off_by_what_the_issue_measured(installed_fixtures: None) -> None:
+    """The scheduler decays an optimizer nobody steps (reported lr 0.01/1.1, used 0.01); coupled decay drifts."""
+    lrs = _claims_run("bug_after_prepare").get("claims")[0]["optimizer"]["lrs"]
+    assert lrs[0] == pytest.approx((0.01 / 1.1, 0.01)) and lrs[-1][1] == 0.01
+    assert _claims_run("bug_coupled_decay").get("claims")[0]["optimizer"]["max_abs_diff"] > 1e-4
+
+
+def test_a_fused_switch_skipped_under_emulation_fails_on_the_kit_model(installed_fixtures: None) -> None:
+    """The emulation-decision check now prepares the kit's MLP with AdamW: an optimizer flag set only on the
+    hardware twin shows without any model of the adapter's own."""
+    from accel import Accelerator
+    from accel.testing import hardware_twin
+    from accel.testing.checks_models import _decisions, _mlp_with_adamw
+    from kit_npu.adapter import GatedNPUAdapter, RealNPUAdapter
+
+    ctx = Accelerator(cpu=True)._run(device_placement=True)
+    for cls, same in ((RealNPUAdapter, True), (GatedNPUAdapter, False)):
+        emulated = cls(emulate=True)
+        a, b = _decisions(emulated, ctx, _mlp_with_adamw), _decisions(hardware_twin(emulated), ctx, _mlp_with_adamw)
+        assert (a["record"]["optimizer_flags"] == b["record"]["optimizer_flags"]) is same
+
+
+@pytest.mark.parametrize("name", ["npuv1", "npuv2"])
+def test_adapters_written_for_contract_one_and_two_pass(installed_fixtures: None, name: str) -> None:
+    """Without `generator(index)` (optional: a warning, the calls still checked) and, for version 1, without
+    `data_parallel_name` (added in version 2: a warning); every other claim holds them as it holds version 3."""
+    from accel.testing.suite import KitWarning
+
+    run = _claims_run(name)
+    suite = _suite(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for test in CLAIM_TESTS:
+            getattr(suite, test)(run)
+    said = [str(w.message) for w in caught if issubclass(w.category, KitWarning)]
+    assert any("data_parallel_name" in s for s in said) is (name == "npuv1"), said
+    assert not any("cannot compare" in s for s in said), said  # the stand-in declares REAL_FUNCTIONS
+
+
+def test_a_stand_in_without_generator_warns_and_checks_the_calls(installed_fixtures: None) -> None:
+    """The device-RNG check on a version-1 stand-in: a KitWarning, and a hook that never reaches the stand-in
+    still fails."""
+    from accel.testing.suite import KitWarning
+
+    calls = {"set_seed_calls": ["manual_seed"], "save_state_calls": ["get_rng_state"], "load_state_calls": []}
+    report = {"instrumented": True, "emulated_vendor_module": "kit_npu.npu_v1", "has_generator": False}
+    run = KitRun(1, _classes()["realnpu"].capabilities, Path("."), [{"vendor": {"ok": {**report, "rng": calls}}}], "")
+    with pytest.warns(KitWarning, match="has no `generator"), pytest.raises(AssertionError, match="load_state"):
+        _suite("npuv1").test_vendor_device_rng_is_seeded_consumed_and_restored(run)
+    calls["load_state_calls"] = ["set_rng_state"]
+    with pytest.warns(KitWarning, match="checks only that set_seed, save_state and load_state call"):
+        _suite("npuv1").test_vendor_device_rng_is_seeded_consumed_and_restored(run)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_failing_before_the_process_group_ends_the_run_with_its_error(tmp_path: Path) -> None:
+    """The device count read from the wrong variable: rank 1 fails in device_for, rank 0 waits in the
+    rendezvous. The kit's run ends at once (not after its 1200 s timeout), and every test shows rank 1's error."""
+    import time
+
+    from accel.testing.suite import run_kit_launch
+
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", "--adapter", "bug_device_count"]
+    cmd += ["--emulate", "--timeout", "120", "-m", "accel.testing.worker", str(tmp_path), "process_state", "claims"]
+    start = time.monotonic()
+    run = run_kit_launch(cmd, _env(), tmp_path, 2, _classes()["bug_device_count"].capabilities, timeout=1200)
+    assert time.monotonic() - start < 60, run.launch_output
+    assert "rank 1 failed before the process group formed (check 'process_state')" in run.launch_output
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run.get("claims")
+    message = str(failure.value)
+    assert "rank 1 failed before the process group formed, in check 'process_state'" in message
+    assert "ValueError: NPU 1 is not visible (NPU_VISIBLE_DEVICES)" in message
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_left_waiting_for_one_that_exited_is_ended(tmp_path: Path) -> None:
+    """Rank 1 finishes and exits; rank 0 never returns. The kit ends the launch `grace` seconds after rank 1
+    finished, and says so."""
+    import time
+
+    from accel.testing.suite import run_kit_launch
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import json, os, sys, threading\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    open(os.path.join(sys.argv[1], 'rank1.json'), 'w').write(json.dumps({'x': {'ok': 1}}))\n"
+        "else:\n"
+        "    threading.Event().wait()\n"
+    )
+    cmd = [sys.executable, "-m", "accel.cli", "launch", "--num-processes", "2", str(script), str(tmp_path)]
+    start = time.monotonic()
+    run = run_kit_launch(cmd, _env(), tmp_path, 2, _classes()["realnpu"].capabilities, timeout=1200, grace=3)
+    assert time.monotonic() - start < 60
+    assert "the kit ended the run: ranks [1] finished, the others were still running 3 s later" in run.launch_output
+    with pytest.raises(pytest.fail.Exception, match="did not finish on every rank"):
+        run.get("x")
+
+
+@pytest.mark.parametrize("name", ["npuv1", "npuv2"])
+def test_contract_one_and_two_stand_ins_pass_the_vendor_checks(
+    installed_fixtures: None, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kit's `vendor` check run in this process (one rank) on a stand-in without `generator(index)`: the
+    device made current, the RNG hooks reaching the stand-in; a KitWarning says what was not checked."""
+    from accel.distributed.state import AcceleratorState, GradientState
+    from accel.testing import checks_vendor
+    from accel.testing.suite import KitWarning
+
+    monkeypatch.setenv("ACCEL_ADAPTER", name)
+    monkeypatch.setenv("ACCEL_EMULATE", "1")
+    monkeypatch.setattr(checks_vendor, "_RECORD", None)
+    monkeypatch.setattr(checks_vendor, "_SETTERS", ())
+    cls = _classes()[name]
+    for hook in checks_vendor.DEVICE_HOOKS:  # instrument_vendor tags them in place: undone after the test
+        monkeypatch.setattr(cls, hook, getattr(cls, hook))
+    checks_vendor.instrument_vendor()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        report = checks_vendor.vendor(tmp_path, "")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert report["has_generator"] is False and "set_rng_state" in report["rng"]["load_state_calls"]
+    run = KitRun(1, cls.capabilities, tmp_path, [{"vendor": {"ok": report}}], "")
+    suite = _suite(name)
+    suite.test_vendor_device_made_current_before_process_group(run)
+    suite.test_vendor_module_is_used_by_the_hooks(run)
+    with pytest.warns(KitWarning, match="has no `generator"):
+        suite.test_vendor_device_rng_is_seeded_consumed_and_restored(run)

@@ -14,3 +14,4 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 class TestCUDAConformance(AdapterConformanceSuite):
     adapter = "cuda"
     processes = 1 if GPUS == 1 else None
+    distributed_type = "MULTI_GPU"  # Accelerate's name for CUDA's data parallelism (not MULTI_CUDA)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AdapterConformanceSuite", "KitRun", "decision_record", "hardware_twin", "module_tree"]
+__all__ = ["AdapterConformanceSuite", "KitRun", "KitWarning", "decision_record", "hardware_twin", "module_tree"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("AdapterConformanceSuite", "KitRun"):
+    if name in ("AdapterConformanceSuite", "KitRun", "KitWarning"):
         from . import suite
 
         return getattr(suite, name)

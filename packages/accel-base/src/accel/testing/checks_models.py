@@ -229,13 +229,19 @@ def _decisions(adapter: Any, ctx: Any, factory: Any) -> dict[str, Any]:
     return {"tree": module_tree(prepared), "record": record}
 
 
+def _mlp_with_adamw() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The kit's model with an optimizer: a fused-kernel switch that only hardware takes shows in the record."""
+    model = build_model()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+
+
 @check("emulation")
 def emulation(_: Path, models: str) -> dict[str, Any]:
     """Prepare the kit's model and each of the adapter's own (`emulation_models`) twice: through the
     emulated adapter and through its hardware twin; report both module trees and decision records."""
     acc = Accelerator()
     ctx = acc._run(device_placement=True)
-    factories = [("kit MLP", build_model)] + [(path, load_factory(path)) for path in models.split(",") if path]
+    factories = [("kit MLP", _mlp_with_adamw)] + [(path, load_factory(path)) for path in models.split(",") if path]
     twin = hardware_twin(acc.adapter)
     results = []
     for name, factory in factories:

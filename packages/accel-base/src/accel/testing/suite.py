@@ -14,10 +14,15 @@ reason; what they claim is tested, and fails if it does not work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +34,11 @@ import torch
 from torch.testing import assert_close
 
 from ..adapter.base import Adapter, Capabilities
-from ..adapter.registry import availability, get_adapter_class
+from ..adapter.registry import availability, effective_api_version, get_adapter_class
 from . import problems
 from .catalogue import CASES, ErrorCase, matches
 from .checks import CLIP_NORM, CONVERGE_STEPS, FP16_INIT_SCALE, TRAIN_STEPS
+from .worker import ABORTED
 
 F = TypeVar("F", bound=Callable[..., Any])
 STRATEGIES = ("ddp", "fsdp2")
@@ -84,12 +90,70 @@ class KitRun:
 
     def get(self, name: str) -> list[dict[str, Any]]:
         """Every rank's result for check `name`; fails the test with the workers' traceback if one raised."""
+        aborted = [(res[ABORTED].get("rank", r), res[ABORTED]) for r, res in enumerate(self.results) if ABORTED in res]
+        if aborted:
+            pytest.fail(
+                "the conformance run stopped: "
+                + "\n".join(
+                    f"rank {r} failed before the process group formed, in check {a['check']!r}:\n{a['error']}"
+                    for r, a in aborted
+                )
+            )
         if len(self.results) != self.world:
             pytest.fail(f"the conformance run did not finish on every rank:\n{self.launch_output}")
         errors = [f"rank {r}:\n{res[name]['error']}" for r, res in enumerate(self.results) if "error" in res[name]]
         if errors:
             pytest.fail(f"check {name!r} raised:\n" + "\n".join(errors))
         return [res[name]["ok"] for res in self.results]
+
+
+class KitWarning(UserWarning):
+    """Something the kit could not check, and what the adapter (or its stand-in) adds so that it can."""
+
+
+RANK_GRACE = 60.0
+"""Seconds the other ranks may run on once one rank has finished (or died): then the run is ended."""
+
+
+def run_kit_launch(
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    world: int,
+    caps: Capabilities,
+    *,
+    timeout: float,
+    grace: float = RANK_GRACE,
+) -> KitRun:
+    """Run the kit's launch `cmd` and read every rank's `rank<r>.json` from `out`. It never hangs: once one
+    rank has written its results (or the launcher has exited), the others get `grace` seconds, then
+    the whole launch (its process group) is ended and the output so far is what the tests show."""
+    files = [out / f"rank{r}.json" for r in range(world)]
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env, start_new_session=True)
+        start, first_done, ended = time.monotonic(), None, ""
+        while proc.poll() is None:
+            now = time.monotonic()
+            if first_done is None and any(f.is_file() for f in files):
+                first_done = now
+            if now - start > timeout or (first_done is not None and now - first_done > grace):
+                done = [r for r, f in enumerate(files) if f.is_file()]
+                ended = (
+                    f"\nthe kit ended the run: ranks {done} finished, the others were still running "
+                    f"{grace:.0f} s later (a rank waiting for one that has exited)"
+                    if first_done is not None
+                    else f"\nthe kit ended the run after its timeout of {timeout:.0f} s"
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.2)
+        stdout.seek(0)
+        stderr.seek(0)
+        output = f"exit {proc.returncode}{ended}\nSTDOUT:\n{stdout.read()[-4000:]}\nSTDERR:\n{stderr.read()[-8000:]}"
+    results = [json.loads(f.read_text()) for f in files if f.is_file()]
+    return KitRun(world=world, capabilities=caps, out=out, results=results, launch_output=output)
 
 
 class AdapterConformanceSuite:
@@ -116,6 +180,9 @@ class AdapterConformanceSuite:
     """The strategy the kit's `ddp` checks (training, clipping, resume, save_model) run with: an adapter
     whose data parallelism is a strategy of its own package names it here (a data-parallel strategy of the adapter's package)."""
 
+    distributed_type: ClassVar[str | None] = None
+    """The `DistributedType` name the adapter's data-parallel runs report, when Accelerate names this hardware
+    otherwise than `MULTI_<DEVICE>` or `<DEVICE>` (DEVICE: `hardware_device_type` in capitals). None: one of those."""
     vendor_checks: ClassVar[bool | None] = None
     """Run the vendor checks (device made current, device RNG, vendor module used, fp16 scaler) under
     emulation. None (default): when the adapter's hardware device is not the CPU. True: also for a
@@ -157,7 +224,7 @@ class AdapterConformanceSuite:
         """The checks that apply to an adapter with `caps`, in the order they run."""
         strategies = [cls._strategy_run(s) for s in STRATEGIES if cls._strategy_run(s) in caps.strategies]
         half = [p for p in ("bf16", "fp16", "fp8") if p in caps.precisions]
-        names = ["process_state", "sharding", "collectives", "accumulation", "no_sync", "errors"]
+        names = ["process_state", "claims", "sharding", "collectives", "accumulation", "no_sync", "errors"]
         names += [
             f"{check}:{s}" for check in ("training", "clip_grad_norm", "resume", "save_model") for s in strategies
         ]
@@ -172,6 +239,8 @@ class AdapterConformanceSuite:
             names.append("emulation:" + ",".join(cls.emulation_models))
             if cls._vendor_checks_apply() is None:
                 names.append("vendor")
+        else:
+            names.append("hardware")
         return names
 
     @pytest.fixture(scope="class")
@@ -187,11 +256,7 @@ class AdapterConformanceSuite:
         cmd += ["-m", "accel.testing.worker", str(out), *self.planned_checks(caps)]
         clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
         env = {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **self.env}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=self.timeout)
-        files = [out / f"rank{r}.json" for r in range(world)]
-        results = [json.loads(f.read_text()) for f in files if f.is_file()]
-        output = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
-        return KitRun(world=world, capabilities=caps, out=out, results=results, launch_output=output)
+        return run_kit_launch(cmd, env, out, world, caps, timeout=self.timeout)
 
     @classmethod
     def _world(cls, caps: Capabilities) -> int:
@@ -251,6 +316,169 @@ class AdapterConformanceSuite:
                 assert "NO" not in r["distributed_type"], "several processes must run distributed"
             if self.emulated():
                 assert (r["device_type"], r["backend"] or "gloo") == ("cpu", "gloo")
+
+    # ---- claims observable in one process (checks_claims) ----------------------------------------
+    def _claims(self, kit: KitRun) -> list[dict[str, Any]]:
+        return kit.get("claims")
+
+    @kit_checks("claims", "data_parallel_name", "data_parallel_type", "hardware_device_type")
+    def test_claim_distributed_type_names_the_device(self, kit: KitRun) -> None:
+        cls = self.adapter_class()
+        for r in self._claims(kit):
+            d = r["distributed_type"]
+            assert d["reported"] == d["declared"], (
+                f"data_parallel_type reports DistributedType.{d['reported']}, but data_parallel_name declares "
+                f"{d['declared']!r}"
+            )
+            device = d["hardware_device_type"].upper()
+            expected = {self.distributed_type} if self.distributed_type else {f"MULTI_{device}", device}
+            if (
+                d["declared"] not in expected
+                and effective_api_version(cls) < 2
+                and "data_parallel_name" not in {n for k in cls.__mro__ if k is not Adapter for n in vars(k)}
+            ):
+                warnings.warn(
+                    KitWarning(
+                        f"the adapter (contract {effective_api_version(cls)}) declares no data_parallel_name, so its "
+                        f"data-parallel runs report DistributedType.{d['declared']}: contract 2 added "
+                        f"data_parallel_name; declare {' or '.join(sorted(expected))}"
+                    ),
+                    stacklevel=1,
+                )
+                continue
+            assert d["declared"] in expected, (
+                f"wrong DistributedType: data_parallel_name = {d['declared']!r} does not name the adapter's device "
+                f"({cls.__name__}.hardware_device_type = {d['hardware_device_type']!r}): scripts comparing "
+                f"accelerator.distributed_type with {' or '.join(sorted(expected))} would miss it. Declare "
+                f"{' or '.join(sorted(expected))}, or set {type(self).__name__}.distributed_type to Accelerate's "
+                "name for this hardware."
+            )
+
+    @kit_checks("claims", "empty_cache", "vendor_module")
+    def test_claim_empty_cache_reaches_the_vendor_module(self, kit: KitRun) -> None:
+        for r in self._claims(kit):
+            e = r["empty_cache"]
+            if e["module"] is None:
+                if e["overridden"] and self.emulated():
+                    pytest.fail(
+                        "the adapter overrides empty_cache but declares no emulated vendor module: the kit cannot "
+                        "see where it goes (declare emulated_vendor_module)"
+                    )
+                continue
+            if e["overridden"] or e["vendor_has_empty_cache"]:
+                assert e["calls"], (
+                    f"empty_cache (free_memory) made no call into the adapter's vendor module {e['module']}: "
+                    "the memory hook must release the adapter's own device memory through its vendor module "
+                    "(not another device's)"
+                )
+
+    @kit_checks("claims", "place_model", "places_model")
+    def test_claim_model_is_placed_on_the_device(self, kit: KitRun) -> None:
+        for r in self._claims(kit):
+            p = r["placement"]
+            assert p["device_type"] in p["moves"], (
+                f"model left on the host: prepare never moved the model onto the device ({p['device_type']}); "
+                f"Module.to was asked for {p['moves'] or 'nothing'}. places_model/place_model must move it"
+            )
+            if not self.emulated():
+                assert p["param_device_types"] == [self.adapter_class().hardware_device_type], (
+                    f"parameters on {p['param_device_types']}, not the adapter's device"
+                )
+
+    @kit_checks("claims", "after_prepare", "prepare_optimizer", "optimizer_step")
+    def test_claim_scheduler_steps_the_optimizer_that_trains(self, kit: KitRun) -> None:
+        for r in self._claims(kit):
+            o = r["optimizer"]
+            assert o["same_optimizer"], (
+                f"the scheduler steps another optimizer ({o['scheduled']}) than the one the optimizer wrapper steps "
+                f"({o['stepping']}): a hook (after_prepare?) replaced the optimizer and left the scheduler on the "
+                "old one"
+            )
+            wrong = [(step, s, used) for step, (s, used) in enumerate(o["lrs"]) if abs(s - used) > 1e-12]
+            assert not wrong, (
+                f"the scheduler's learning rate is not the one the optimizer steps with (step, reported, used): "
+                f"{wrong[:3]}"
+            )
+
+    @kit_checks("claims", "prepare_optimizer", "after_prepare", "optimizer_step")
+    def test_claim_optimizer_matches_adamw_with_weight_decay(self, kit: KitRun) -> None:
+        for r in self._claims(kit):
+            o = r["optimizer"]
+            assert o["finite"] and o["max_abs_diff"] <= 1e-6, (
+                f"the optimizer that steps ({o['stepping']}) does not train like torch.optim.AdamW with weight "
+                f"decay and a scheduler: weights differ by {o['max_abs_diff']:.3g} (allowed 1e-6) — an optimizer "
+                "the adapter substitutes must compute the same update (decoupled weight decay included)"
+            )
+
+    @kit_checks("claims", "autocast", "hardware_device_type", "hardware_backend", "device_type", "backend")
+    def test_claim_autocast_device_and_backend_match_the_declaration(self, kit: KitRun) -> None:
+        for r in self._claims(kit):
+            a = r["autocast"]
+            wrong = [d for d in a["emulated"] if d != a["device_type"]]
+            assert not wrong, (
+                f"autocast on the wrong device type: the adapter's autocast asked for {wrong}, the run's device type "
+                f"is {a['device_type']!r}"
+            )
+            twin = a["twin"]
+            if "error" in twin and "device_type" not in twin:
+                continue  # the adapter cannot be built without emulation here: hardware mode checks it
+            assert twin.get("device_type") == a["hardware_device_type"], (
+                f"device_type off emulation is {twin.get('device_type')!r}, hardware_device_type declares "
+                f"{a['hardware_device_type']!r}"
+            )
+            assert twin.get("backend") == a["hardware_backend"], (
+                f"wrong collective backend: off emulation the adapter's backend is {twin.get('backend')!r}, "
+                f"hardware_backend declares {a['hardware_backend']!r}"
+            )
+            off = [d for d in twin["autocast"] if d != a["hardware_device_type"]]
+            assert not off, (
+                f"autocast on the wrong device type: off emulation the adapter's autocast asks for {off}, "
+                f"hardware_device_type declares {a['hardware_device_type']!r}"
+            )
+
+    @kit_checks("claims", "vendor_module", "emulated_vendor_module")
+    def test_claim_stand_in_has_the_real_vendor_functions(self, kit: KitRun) -> None:
+        n = self._claims(kit)[0]["names"]
+        if n["stand_in"] is None:
+            pytest.skip("the adapter declares no separate stand-in for its vendor module")
+        if n["real"] is None:
+            warnings.warn(
+                KitWarning(
+                    f"{n['real_module'] or self.adapter_class().vendor_module} cannot be imported here "
+                    f"({n.get('import_error')}) and {n['module']} declares no REAL_FUNCTIONS: the kit cannot compare "
+                    "the stand-in's function names with the real module's"
+                ),
+                stacklevel=1,
+            )
+            return
+        extra = sorted(set(n["stand_in"]) - set(n["real"]))
+        assert not extra, (
+            f"stand-in names differ from the real vendor module: {n['module']} has {extra}, which "
+            f"{n['source']} lacks — on hardware the adapter's calls (and the base's empty_cache, manual_seed, "
+            "get_rng_state, set_rng_state, which look the names up) find nothing. Name the stand-in's functions "
+            "as the real module does"
+        )
+
+    @kit_checks("hardware", "hardware_device_type", "hardware_backend", "autocast", "get_device_rng_state")
+    def test_hardware_placement_backend_autocast_and_rng(self, kit: KitRun) -> None:
+        """Hardware mode only (`ACCEL_KIT_REQUIRE_HARDWARE=1`): what emulation cannot observe."""
+        if self.emulated():
+            pytest.skip("hardware mode only: runs off emulation (ACCEL_KIT_REQUIRE_HARDWARE=1 on the hardware)")
+        cls = self.adapter_class()
+        for r in kit.get("hardware"):
+            assert r["param_device_types"] == [cls.hardware_device_type], (
+                f"parameters on {r['param_device_types']} after prepare, not on {cls.hardware_device_type!r}"
+            )
+            if kit.world > 1:
+                assert r["backend"] == cls.hardware_backend, (
+                    f"the process group runs {r['backend']!r}, hardware_backend declares {cls.hardware_backend!r}"
+                )
+            for mode, dtype in r["autocast"].items():
+                assert dtype == HALF[mode], f"under autocast({mode}) a matmul on the device computed in {dtype}"
+            rng = r["rng"]
+            if rng is not None:
+                assert rng["restored_equal"], "the vendor's device RNG state did not round-trip (get/set_rng_state)"
+                assert rng["seed_changes_draws"], "manual_seed did not change the device's random draws"
 
     @kit_checks("sharding", "prepare_data_loader_kwargs")
     def test_sharding_and_gather_for_metrics_are_exact(self, kit: KitRun) -> None:
@@ -582,11 +810,23 @@ class AdapterConformanceSuite:
     def test_vendor_device_rng_is_seeded_consumed_and_restored(self, kit: KitRun) -> None:
         for r in self._vendor(kit):
             module = r["emulated_vendor_module"]
-            assert r["has_generator"], (
-                f"{module} has no `generator(index)`: the kit cannot draw from the emulated device's random "
-                "generator (accel.testing.emulated.DeviceGenerators provides one per device)"
-            )
             rng = r["rng"]
+            if not r["has_generator"]:
+                # Optional (added after contract 2 without a version bump): the kit checks the calls only.
+                warnings.warn(
+                    KitWarning(
+                        f"{module} has no `generator(index)`: the kit cannot draw from the emulated device's "
+                        "random generator, so it checks only that set_seed, save_state and load_state call "
+                        f"{module}. Add one (accel.testing.emulated.DeviceGenerators provides one per device)."
+                    ),
+                    stacklevel=1,
+                )
+                calls = {k: rng[k] for k in ("set_seed_calls", "save_state_calls", "load_state_calls")}
+                assert all(calls.values()), (
+                    f"the adapter's device RNG hooks do not reach {module}: calls made from set_seed, save_state "
+                    f"and load_state: {calls}"
+                )
+                continue
             assert rng["seeded_equal"] and rng["seed_changes_draws"], (
                 "set_seed does not seed the device generators: the adapter's manual_seed never reaches "
                 f"{module}.manual_seed (set_seed called {rng['set_seed_calls'] or 'nothing'} there)"

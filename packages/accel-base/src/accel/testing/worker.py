@@ -5,7 +5,9 @@
 Every rank writes `OUT/rank<r>.json`: for each check, what it returned, or the traceback
 of what it raised. A failing check does not stop the others: each builds its own
 Accelerator from a fresh state, and the process group (with the launcher's timeout)
-is the only thing they share.
+is the only thing they share. A check that fails on a rank of a multi-process run before the
+process group formed stops that rank: the other ranks would wait for it in the rendezvous, so it
+writes what it has, prints its error and exits non-zero, and the launcher ends the others.
 """
 
 from __future__ import annotations
@@ -17,16 +19,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from ..distributed.state import AcceleratorState, GradientState
 from . import (
+    checks_claims,  # noqa: F401  (registers its check)
     checks_models,  # noqa: F401  (registers its checks)
     checks_vendor,
 )
 from .checks import CHECKS
 
+ABORTED = "__aborted__"
+"""Key of a rank's result that stopped before its process group formed: the check and its traceback."""
+
 
 def run(out: Path, names: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
     for name in names:
         base, _, arg = name.partition(":")
         AcceleratorState._reset_state(reset_partial_state=False)
@@ -35,6 +44,10 @@ def run(out: Path, names: list[str]) -> dict[str, Any]:
             results[name] = {"ok": CHECKS[base](out, arg)}
         except Exception:
             results[name] = {"error": traceback.format_exc()}
+            if several and not (dist.is_available() and dist.is_initialized()):
+                rank = int(os.environ.get("RANK", "0"))
+                results[ABORTED] = {"rank": rank, "check": name, "error": results[name]["error"]}
+                break
     return results
 
 
@@ -46,6 +59,15 @@ def main(argv: list[str]) -> None:
     tmp = out / f".rank{rank}.json.tmp"
     tmp.write_text(json.dumps(results))
     tmp.replace(out / f"rank{rank}.json")
+    if ABORTED in results:
+        aborted = results[ABORTED]
+        print(
+            f"accel kit: rank {rank} failed before the process group formed (check {aborted['check']!r}); "
+            f"stopping the run:\n{aborted['error']}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

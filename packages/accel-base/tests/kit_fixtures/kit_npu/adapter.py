@@ -13,6 +13,7 @@ class RealNPUAdapter(Adapter):
     name: ClassVar[str] = "realnpu"
     hardware_device_type: ClassVar[str] = "npu"
     hardware_backend: ClassVar[str] = "hccl"
+    data_parallel_name: ClassVar[str] = "MULTI_NPU"
     capabilities: ClassVar[Capabilities] = Capabilities(
         precisions=frozenset({"no", "fp16"}), strategies=frozenset({"ddp"}), multi_process=True
     )

@@ -37,3 +37,7 @@ def set_rng_state(states: list[torch.Tensor]) -> None:
 
 def manual_seed(seed: int) -> None:
     _rng.manual_seed(seed)
+
+
+def empty_cache() -> None:
+    calls["empty_cache"] += 1
