@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import warnings
@@ -26,7 +27,7 @@ import torch
 from ..distributed.tree import send_to_device
 from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
-from . import accelerate_layout, layout
+from . import accelerate_layout, background, layout
 from .io import (
     hash_file,
     load_safetensors,
@@ -127,6 +128,8 @@ def save_state(
     *,
     step: int = 0,
     safe_serialization: bool = True,
+    async_save: bool = False,
+    after_commit: Callable[[], Any] | None = None,
 ) -> Path:
     """Write every prepared object's state to `output_dir`. Runs on all ranks.
 
@@ -136,10 +139,15 @@ def save_state(
     `save_on_each_node`, each node's local main process's) directory, and `load_state` with the
     same per-rank paths reads it from there.
 
+    `async_save`: return once every state is copied to host memory; the writing rank writes, hashes
+    and commits the files on a background thread (`accel.checkpoint.background`). `after_commit`
+    runs on the writing rank once the checkpoint is committed (pruning older ones).
+
     Raises:
         CheckpointError: `output_dir` is a file, a write failed on any rank (disk full, read-only),
-            or a new file would overwrite one accel did not write. The previous checkpoint and the
-            user's files are intact, and no staging directory is left behind.
+            or a new file would overwrite one accel did not write; or the previous asynchronous save
+            failed (naming it). The previous checkpoint and the user's files are intact, and no
+            staging directory is left behind.
     """
     final = _shared_directory(ctx, Path(output_dir))
     staging = final / layout.STAGING
@@ -148,16 +156,24 @@ def save_state(
     # Only the writer locks (the other ranks follow it through `_agree`, so no rank waits for
     # another's lock): the save lock for the whole save, the files lock while files change.
     locks = CheckpointLocks(final, what) if writer else None
-    began = sealed = False
+    began = sealed = handed_over = False
     try:
-        if locks is not None:
+        error: Exception | None = background.finish() if writer else None
+        if locks is not None and error is None:
             _, error = _attempt(lambda: _begin(locks, final))
             began = error is None
-        else:
-            error = None
         _raise_if_failed(_agree(ctx, error), error, what)
 
-        written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
+        snapshot, error = _attempt(lambda: _snapshot(prepared, ctx, staging, writer, safe_serialization, async_save))
+        later: list[tuple[str, str, Any]] = []
+        if snapshot is not None and async_save and writer:
+            # The writer's own files are written in the background; its random states, like every other
+            # rank's, now (they are tiny, and every rank's must be on disk before the writer seals).
+            jobs = snapshot["jobs"]
+            later = [job for job in jobs if not job[0].startswith("random_states_")]
+            snapshot["jobs"] = [job for job in jobs if job[0].startswith("random_states_")]
+            snapshot["later"] = [name for name, _, _ in later]
+        written, error = (None, error) if error else _attempt(lambda: _write_share(staging, snapshot))
         results = _agree(ctx, error, written)
         if any(msg is not None for msg, _ in results) and writer:
             _remove(staging)
@@ -165,28 +181,63 @@ def save_state(
 
         error = None
         if locks is not None:
-            manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
-            _, error = _attempt(locks.change_files)
-            if error is None:
-                _, error = _attempt(lambda: layout.seal(staging, final, manifest))
-            if error is not None:
-                _remove(staging)
-            else:
-                # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
-                # finished by the next save (layout.recover), so staging must stay.
-                sealed = True
-                _, error = _attempt(lambda: layout.commit(staging, final))
-            locks.release()
+            shares = [payload for _, payload in results]
+            if async_save:
+                background.start(
+                    what, lambda: _finish_save(ctx, locks, staging, final, shares, later, step, after_commit)
+                )
+                handed_over = True
+                return final
+            sealed = True  # from here on `_finish_save` removes what it staged if it fails before sealing
+            _, error = _attempt(lambda: _finish_save(ctx, locks, staging, final, shares, later, step, None))
         _raise_if_failed(_agree(ctx, error), error, what)
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C (or SystemExit) on the writer: remove what this save staged, then let it through as it is.
-        if began and not sealed:
+        if began and not sealed and not handed_over:
             _remove(staging)
         raise
     finally:
-        if locks is not None:
+        if locks is not None and not handed_over:
             locks.release()
+    if after_commit is not None and writer:
+        after_commit()
     return final
+
+
+def _finish_save(
+    ctx: RunContext,
+    locks: CheckpointLocks,
+    staging: Path,
+    final: Path,
+    shares: list[dict[str, Any]],
+    later: list[tuple[str, str, Any]],
+    step: int,
+    after_commit: Callable[[], Any] | None,
+) -> None:
+    """On the writer: write `later`'s files, seal the manifest and commit; releases the locks.
+
+    A failure before sealing removes the staging directory; once sealed, the staged checkpoint is
+    complete and loadable, and a failure from there on is finished by the next save (layout.recover).
+    """
+    sealed = False
+    try:
+        hashes = _write_jobs(staging, later)
+        if later:
+            writer_share = shares[ctx.process_index]
+            writer_share["hashes"].update(hashes)
+        manifest = _manifest(ctx, staging, shares, step)
+        locks.change_files()
+        layout.seal(staging, final, manifest)
+        sealed = True
+        layout.commit(staging, final)
+    except BaseException:
+        if not sealed:
+            _remove(staging)
+        raise
+    finally:
+        locks.release()
+    if after_commit is not None:
+        after_commit()
 
 
 def _writes(ctx: RunContext) -> bool:
@@ -204,8 +255,13 @@ def _begin(locks: CheckpointLocks, final: Path) -> None:
         locks.done_changing()
 
 
-def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
-    """Write this rank's share; returns the names written and their hashes."""
+def _snapshot(
+    prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool, copy_off: bool
+) -> dict[str, Any]:
+    """What this rank writes: each file's name, how it is written and the state it holds.
+
+    `copy_off`: every state is copied to host memory, so that training may change the live objects
+    while the files are written."""
     for hook in prepared.save_state_pre_hooks.values():
         hook(prepared.models, [], str(staging))
     # A sharding strategy writes models and optimizers its own way (None: the default files).
@@ -215,36 +271,68 @@ def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: boo
     models = [] if custom is not None else [ctx.strategy.full_state_dict(strip_compile(m)) for m in prepared.models]
     on_host = ctx.adapter.checkpoint_on_host
 
-    def host(obj: Any) -> Any:
-        return send_to_device(obj, torch.device("cpu")) if on_host else obj
+    def host(obj: Any) -> Any:  # (a copy off the device is made below, for all of them)
+        return send_to_device(obj, torch.device("cpu")) if on_host and not copy_off else obj
 
-    hashes: dict[str, str] = {}
-    files: list[str] = list(custom or [])
+    jobs: list[tuple[str, str, Any]] = []
     if writer:
         for i, sd in enumerate(models):
-            name = file_name("model", i, "safetensors" if safe else "bin")
-            hashes[name] = write_weights(sd, staging / name, safe)
+            jobs.append(
+                (file_name("model", i, "safetensors" if safe else "bin"), "safetensors" if safe else "weights", sd)
+            )
         optimizers = prepared.optimizers if custom is None else []
-        for i, opt in enumerate(optimizers):
-            hashes[file_name("optimizer", i, "bin")] = save_torch(
-                host(opt.state_dict()), staging / file_name("optimizer", i, "bin")
-            )
-        for i, sched in enumerate(prepared.schedulers):
-            hashes[file_name("scheduler", i, "bin")] = save_torch(
-                sched.state_dict(), staging / file_name("scheduler", i, "bin")
-            )
+        jobs += [
+            (file_name("optimizer", i, "bin"), "torch", host(opt.state_dict())) for i, opt in enumerate(optimizers)
+        ]
+        jobs += [(file_name("scheduler", i, "bin"), "torch", s.state_dict()) for i, s in enumerate(prepared.schedulers)]
         if prepared.scaler is not None:
-            hashes["scaler.pt"] = save_torch(prepared.scaler.state_dict(), staging / "scaler.pt")
-        loaders = [dl.state_dict() for dl in prepared.dataloaders]
-        hashes["dataloaders.json"] = save_json(loaders, staging / "dataloaders.json")
-        for i, obj in enumerate(prepared.custom_objects):
-            name = f"custom_checkpoint_{i}.bin"
-            hashes[name] = save_torch(host(obj.state_dict()), staging / name)
-        files += [n for n in hashes if n not in files]
+            jobs.append(("scaler.pt", "torch", prepared.scaler.state_dict()))
+        jobs.append(("dataloaders.json", "json", [dl.state_dict() for dl in prepared.dataloaders]))
+        jobs += [
+            (f"custom_checkpoint_{i}.bin", "torch", host(obj.state_dict()))
+            for i, obj in enumerate(prepared.custom_objects)
+        ]
     # Every rank's RNG: dropout and every other consumer must continue exactly per rank.
-    rng = f"random_states_{ctx.process_index}.pt"
-    hashes[rng] = save_torch(ctx.adapter.get_rng_state(), staging / rng)
-    return {"files": files, "custom": list(custom or []), "hashes": hashes}
+    jobs.append((f"random_states_{ctx.process_index}.pt", "torch", ctx.adapter.get_rng_state()))
+    if copy_off:
+        jobs = [(name, how, _copied(state)) for name, how, state in jobs]
+    return {"custom": list(custom or []), "jobs": jobs, "writer": writer}
+
+
+def _copied(state: Any) -> Any:
+    """`state` with every tensor copied to host memory and every container and value copied."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        items = [(k, _copied(v)) for k, v in state.items()]
+        return collections.OrderedDict(items) if isinstance(state, collections.OrderedDict) else dict(items)
+    if type(state) in (list, tuple):
+        return type(state)(_copied(v) for v in state)
+    return copy.deepcopy(state)
+
+
+_WRITERS: dict[str, Callable[[Any, Path], str]] = {
+    "safetensors": lambda state, path: write_weights(state, path, True),
+    "weights": lambda state, path: write_weights(state, path, False),
+    "torch": save_torch,
+    "json": save_json,
+}
+
+
+def _write_jobs(staging: Path, jobs: list[tuple[str, str, Any]]) -> dict[str, str]:
+    return {name: _WRITERS[how](state, staging / name) for name, how, state in jobs}
+
+
+def _write_share(staging: Path, snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """Write this rank's files now; returns the names this rank contributes and the digests written."""
+    assert snapshot is not None
+    custom: list[str] = snapshot["custom"]
+    hashes = _write_jobs(staging, snapshot["jobs"])
+    files = list(custom)
+    if snapshot["writer"]:
+        # Every file the writer writes, those the background writes too, in the order they are written.
+        files += [n for n in (*hashes, *snapshot.get("later", ())) if n not in files and not n.startswith("random_")]
+    return {"files": files, "custom": custom, "hashes": hashes}
 
 
 def _manifest(ctx: RunContext, staging: Path, shares: list[dict[str, Any]], step: int) -> dict[str, Any]:
@@ -304,7 +392,10 @@ def load_state(
     # everything, so that no save moves a file meanwhile; the other ranks follow it through `_agree`.
     locks = CheckpointLocks(directory, what) if _writes(ctx) else None
     try:
-        _, error = _attempt(lambda: _open_for_reading(locks, directory)) if locks is not None else (None, None)
+        # An asynchronous save still writing finishes first (its failure is this load's, on every rank).
+        error: Exception | None = background.finish() if locks is not None else None
+        if locks is not None and error is None:
+            _, error = _attempt(lambda: _open_for_reading(locks, directory))
         _raise_if_failed(_agree(ctx, error), error, what)
         found, error = _attempt(lambda: _locate(directory, ctx, prepared))
         _raise_if_failed(_agree(ctx, error), error, what)
