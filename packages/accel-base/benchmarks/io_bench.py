@@ -19,6 +19,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,19 +81,26 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
             model.load_state_dict(load_file(str(plain / "model.safetensors")))
             opt.load_state_dict(torch.load(plain / "optimizer.bin", weights_only=True))
 
-        def async_stall() -> None:
-            accelerator.save_state(root / "async", async_save=True)  # the call blocks training this long
-            background.finish()  # the write itself, outside the timing (what training overlaps)
+        def async_call() -> Callable[[], Any]:
+            accelerator.save_state(root / "async", async_save=True)  # the time it blocks the training loop
+            return background.finish  # the rest of the background write, untimed
 
-        variants = {
+        def step_during_save() -> Callable[[], Any]:
+            step()  # started right after an asynchronous save returned (see `before`), while its files are written
+            return background.finish
+
+        variants: dict[str, Callable[[], Any]] = {
             "plain_save": plain_save,
             "accel_save": lambda: accelerator.save_state(ours),
             "plain_load": plain_load,
             "accel_load": lambda: accelerator.load_state(ours),
             "accel_load_unverified": lambda: accelerator.load_state(bare),
-            "sync_save_stall": lambda: accelerator.save_state(root / "sync"),
-            "async_save_stall": async_stall,
+            "sync_save_call": lambda: accelerator.save_state(root / "sync"),
+            "async_save_call": async_call,
+            "step": step,
+            "step_during_async_save": step_during_save,
         }
+        before = {"step_during_async_save": lambda: accelerator.save_state(root / "async", async_save=True)}
         plain_save()
         accelerator.save_state(ours)
         _without_hashes(ours, bare)
@@ -105,9 +113,13 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
                 os.sync()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # the unverified load's warning
+                    if name in before:
+                        before[name]()
                     t0 = time.perf_counter()
-                    variants[name]()
+                    after = variants[name]()
                     elapsed = time.perf_counter() - t0
+                    if callable(after):
+                        after()
                 if r >= args.warmup:
                     times[name].append(elapsed)
             if r >= args.warmup:
@@ -116,7 +128,11 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
         "save_state / plain save": ("accel_save", "plain_save"),
         "load_state / plain load": ("accel_load", "plain_load"),
         "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
-        "save_state(async_save=True) / save_state, time the call blocks": ("async_save_stall", "sync_save_stall"),
+        "save_state(async_save=True) / save_state, time the call blocks training": (
+            "async_save_call",
+            "sync_save_call",
+        ),
+        "training step during an async save's write / training step": ("step_during_async_save", "step"),
     }
     return {
         "megabytes": nbytes / 1e6,

@@ -123,7 +123,11 @@ def checkpoint_table(out_dir: Path, extra: list[str]) -> None:
         "save_state / plain save": ("accel_save", "plain_save"),
         "load_state / plain load": ("accel_load", "plain_load"),
         "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
-        "save_state(async_save=True) / save_state, time the call blocks": ("async_save_stall", "sync_save_stall"),
+        "save_state(async_save=True) / save_state, time the call blocks training": (
+            "async_save_call",
+            "sync_save_call",
+        ),
+        "training step during an async save's write / training step": ("step_during_async_save", "step"),
     }
     for size in m["sizes"].values():
         load = size["load_average_1min"]
