@@ -255,3 +255,38 @@ def test_a_failure_no_save_or_load_reported_is_printed_at_exit_naming_the_file(
     assert "Permission denied" in err and f"{target / STAGING / 'model.safetensors'}" in err, err
     assert not (target / "accel_checkpoint.json").exists() and not (target / STAGING).exists()
     assert background.finish() is None  # reported once
+
+
+def test_load_state_of_the_latest_automatic_checkpoint_waits_for_the_one_being_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accel import ProjectConfiguration
+
+    accelerator = Accelerator(
+        project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    )
+    model = accelerator.prepare(torch.nn.Linear(8, 8))
+    accelerator.save_state()  # checkpoint_0
+    with torch.no_grad():
+        model.weight.fill_(5.0)
+    release = threading.Event()
+    real = checkpoint_state._WRITERS["safetensors"]
+
+    def held(state: Any, path: Path) -> str:
+        if _in_background():
+            assert release.wait(120)
+        return real(state, path)
+
+    real_wait = background.wait
+
+    def wait() -> None:
+        release.set()  # the background save may go on only once load_state waits for it
+        real_wait()
+
+    monkeypatch.setitem(checkpoint_state._WRITERS, "safetensors", held)
+    monkeypatch.setattr(background, "wait", wait)
+    accelerator.save_state(async_save=True)  # checkpoint_1, held in the background
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state()  # the latest: checkpoint_1, once written
+    assert torch.equal(model.weight, torch.full((8, 8), 5.0))

@@ -895,6 +895,7 @@ class Accelerator(AcceleratorCompatMixin):
                 raise ValueError(
                     "load_state needs `input_dir` unless ProjectConfiguration(automatic_checkpoint_naming=True)."
                 )
+            ckpt.background.wait()  # the latest checkpoint may still be being saved in the background
             found = ckpt.list_checkpoints(cfg.project_dir)
             if not found:
                 raise CheckpointError(f"No complete checkpoint under {Path(cfg.project_dir) / 'checkpoints'}.")

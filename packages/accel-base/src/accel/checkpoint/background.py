@@ -56,6 +56,13 @@ def finish() -> CheckpointError | None:
     return failure
 
 
+def wait() -> None:
+    """Wait for the background save, if one runs, keeping its failure for `finish` to report."""
+    running = _running
+    if running is not None:
+        running[0].join()
+
+
 @atexit.register
 def _at_exit() -> None:
     failure = finish()
