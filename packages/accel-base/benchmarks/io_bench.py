@@ -1,10 +1,11 @@
 """Worker for `nox -s bench`: checkpoint and data-loader throughput against plain PyTorch.
 
-`checkpoint` (one process): `save_state`/`load_state` of a model and its AdamW state
-against `safetensors.torch.save_file`/`load_file` of the same tensors in one file (the
-load timed both lazily mapped and read into memory, which a restore has to do), rounds
-alternating so load drift hits both alike, and `load_state` of the same checkpoint without its
-recorded hashes, which prices the SHA-256 verification. `loader` (launched on 2 processes): one epoch
+`checkpoint` (one process, at each of `--sizes` MB of model and AdamW state): `save_state` /
+`load_state` against the same files written and read without accel's manifest, hashes and
+staging (the model through `safetensors` `save_file`/`load_file` + `load_state_dict`, the
+optimizer through `torch.save`/`torch.load` + `load_state_dict`); `load_state` of the same
+checkpoint without its recorded digests (what verification costs); and how long
+`save_state(async_save=True)` blocks the training loop against a synchronous `save_state`. `loader` (launched on 2 processes): one epoch
 of a prepared loader (sharded, and with `dispatch_batches`) against a plain `DataLoader`
 with `DistributedSampler`, same dataset, batch size and shuffling. Writes medians to JSON.
 """
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,58 +31,128 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
-def checkpoint(args: argparse.Namespace) -> dict[str, float]:
+def checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """Paired rounds at each size: accel against the same files written and read without accel."""
+    return {"sizes": {f"{mb}MB": _checkpoint_size(args, mb) for mb in args.sizes}, "rounds": args.rounds}
+
+
+def _model(megabytes: int) -> tuple[torch.nn.Module, int]:
+    """Linear layers whose weights and two AdamW moments come to about `megabytes` MB."""
+    hidden = 1024 if megabytes < 400 else 2048
+    per_layer = 3 * 4 * (hidden * hidden + hidden)
+    layers = max(1, round(megabytes * 1e6 / per_layer))
+    return torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)]), hidden
+
+
+def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]:
+    """Each round times every variant once, in an order that rotates round by round, each after
+    `os.sync()` (so no variant pays for the dirty pages of the one before); the first `--warmup` rounds
+    are dropped. Ratios are medians of the per-round (paired) ratios."""
+    import warnings
+
+    from accel.checkpoint import background
+
     accelerator = Accelerator()
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(args.hidden, args.hidden) for _ in range(args.layers)]
-    model = torch.nn.Sequential(*layers)
+    model, hidden = _model(megabytes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, opt = accelerator.prepare(model, opt)
-    model(torch.randn(2, args.hidden)).sum().backward()
-    opt.step()
-    # The same tensors as one flat dict: weights plus both Adam moments of every parameter.
-    tensors = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    for pid, state in opt.state_dict()["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.ndim > 0:
-                tensors[f"opt.{pid}.{key}"] = value.clone()
-    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    times: dict[str, list[float]] = {
-        name: []
-        for name in ("plain_save", "accel_save", "plain_load_lazy", "plain_load", "accel_load", "accel_load_unverified")
-    }
+
+    def step() -> None:
+        accelerator.backward(model(torch.randn(8, hidden)).sum())
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    nbytes += sum(
+        v.numel() * v.element_size() for s in opt.state_dict()["state"].values() for v in s.values() if v.ndim
+    )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        plain, ours = Path(tmp) / "plain.safetensors", Path(tmp) / "ckpt"
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            save_file(tensors, str(plain))
-            times["plain_save"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            accelerator.save_state(ours)
-            times["accel_save"].append(time.perf_counter() - t0)
-            # load_file maps the file lazily; reading the bytes is what a restore must do.
-            t0 = time.perf_counter()
-            lazy = load_file(str(plain))
-            times["plain_load_lazy"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            loaded = {k: v.clone() for k, v in load_file(str(plain)).items()}
-            times["plain_load"].append(time.perf_counter() - t0)
-            del lazy, loaded
-            t0 = time.perf_counter()
-            accelerator.load_state(ours)
-            times["accel_load"].append(time.perf_counter() - t0)
-            # The same checkpoint without recorded hashes (as written before they existed): the
-            # difference is what verifying every file's SHA-256 costs.
-            unverified = _without_hashes(ours, Path(tmp) / "unverified")
-            t0 = time.perf_counter()
-            accelerator.load_state(unverified)
-            times["accel_load_unverified"].append(time.perf_counter() - t0)
-    out = {name: statistics.median(ts) for name, ts in times.items()}
-    out["megabytes"] = nbytes / 1e6
-    return out
+        root = Path(tmp)
+        plain, ours, bare = root / "plain", root / "accel", root / "unverified"
+        plain.mkdir()
+
+        def plain_save() -> None:
+            save_file(model.state_dict(), str(plain / "model.safetensors"))
+            torch.save(opt.state_dict(), plain / "optimizer.bin")
+
+        def plain_load() -> None:
+            model.load_state_dict(load_file(str(plain / "model.safetensors")))
+            opt.load_state_dict(torch.load(plain / "optimizer.bin", weights_only=True))
+
+        def async_call() -> Callable[[], Any]:
+            accelerator.save_state(root / "async", async_save=True)  # the time it blocks the training loop
+            return background.finish  # the rest of the background write, untimed
+
+        def step_during_save() -> Callable[[], Any]:
+            step()  # started right after an asynchronous save returned (see `before`), while its files are written
+            return background.finish
+
+        variants: dict[str, Callable[[], Any]] = {
+            "plain_save": plain_save,
+            "accel_save": lambda: accelerator.save_state(ours),
+            "plain_load": plain_load,
+            "accel_load": lambda: accelerator.load_state(ours),
+            "accel_load_unverified": lambda: accelerator.load_state(bare),
+            "sync_save_call": lambda: accelerator.save_state(root / "sync"),
+            "async_save_call": async_call,
+            "step": step,
+            "step_during_async_save": step_during_save,
+        }
+        before = {"step_during_async_save": lambda: accelerator.save_state(root / "async", async_save=True)}
+        plain_save()
+        accelerator.save_state(ours)
+        _without_hashes(ours, bare)
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        loads: list[float] = []
+        names = list(variants)
+        for r in range(args.warmup + args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                os.sync()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the unverified load's warning
+                    if name in before:
+                        before[name]()
+                    t0 = time.perf_counter()
+                    after = variants[name]()
+                    elapsed = time.perf_counter() - t0
+                    if callable(after):
+                        after()
+                if r >= args.warmup:
+                    times[name].append(elapsed)
+            if r >= args.warmup:
+                loads.append(os.getloadavg()[0])
+    pairs = {
+        "save_state / plain save": ("accel_save", "plain_save"),
+        "load_state / plain load": ("accel_load", "plain_load"),
+        "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
+        "save_state(async_save=True) / save_state, time the call blocks training": (
+            "async_save_call",
+            "sync_save_call",
+        ),
+        "training step during an async save's write / training step": ("step_during_async_save", "step"),
+    }
+    return {
+        "megabytes": nbytes / 1e6,
+        "median_seconds": {name: statistics.median(ts) for name, ts in times.items()},
+        "ratios": {
+            label: {
+                "median": statistics.median(a / b for a, b in zip(times[num], times[den])),
+                "min": min(a / b for a, b in zip(times[num], times[den])),
+                "max": max(a / b for a, b in zip(times[num], times[den])),
+            }
+            for label, (num, den) in pairs.items()
+        },
+        "load_average_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
+        "rounds": args.rounds,
+        "warmup_rounds_dropped": args.warmup,
+    }
 
 
 def _without_hashes(checkpoint: Path, target: Path) -> Path:
+    """A copy of `checkpoint` whose manifest records no digests (as written before accel recorded them)."""
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(checkpoint, target)
     manifest = json.loads((target / MANIFEST).read_text())
@@ -121,14 +195,16 @@ def main() -> None:
     parser.add_argument("what", choices=["checkpoint", "loader"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2, help="rounds run first and dropped")
+    parser.add_argument(
+        "--sizes", type=lambda text: [int(x) for x in text.split(",")], default=[100, 1000], help="MB, checkpoint"
+    )
     parser.add_argument("--dir", default=None, help="where checkpoints are written (default: the temp dir)")
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
-    result = checkpoint(args) if args.what == "checkpoint" else loader(args)
+    result: Any = checkpoint(args) if args.what == "checkpoint" else loader(args)
     if not dist.is_initialized() or dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -3,8 +3,10 @@
 1. Step time: raw DDP (PyTorch defaults), raw DDP with the settings accel uses, and accel,
    interleaved in one 2-process gloo group, for MLPs of hidden size 64, 512 and 2048.
 2. Import cost: `python -X importtime -c "from accel import Accelerator"` against `import torch`.
-3. Checkpoints: `save_state`/`load_state` against `safetensors.torch.save_file`/`load_file`
-   of the same tensors (one process).
+3. Checkpoints: `save_state`/`load_state` against the same files written and read without
+   accel (safetensors for the model, torch.save/torch.load for the optimizer), verified against
+   unverified loads, and the stall of an asynchronous against a synchronous save, at 100 MB and
+   1 GB (one process; `--checkpoint-args "--rounds 5 --sizes 100"` passes options to io_bench).
 4. Data loading: a prepared loader (sharded, and dispatched) against a plain DataLoader
    with DistributedSampler, 2 gloo processes.
 5. Memory: the bytes of live tensors each of 2 processes holds after an AdamW step, per
@@ -117,23 +119,30 @@ def launch_json(worker: list[str], nproc: int) -> dict[str, float]:
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def checkpoint_table(out_dir: Path) -> None:
-    m = launch_json([str(HERE / "io_bench.py"), "checkpoint"], nproc=1)
+def checkpoint_table(out_dir: Path, extra: list[str]) -> None:
+    m = launch_json([str(HERE / "io_bench.py"), "checkpoint", *extra], nproc=1)
     save(out_dir, "checkpoint", m)
-    mb = m["megabytes"]
-    print(f"\n## Checkpoints, one process: {mb:.0f} MB (model + AdamW moments), median of rounds\n")
-    print("| operation | plain safetensors | accel | plain MB/s | accel MB/s | accel / plain (time) |")
+    print("\n## Checkpoints, one process: model + AdamW state, median of paired per-round ratios (time)\n")
+    print("| size | operation | accel / baseline: median (min-max) | accel | baseline | load average (1 min) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    rows = (
-        ("save_state vs save_file", m["plain_save"], m["accel_save"]),
-        ("load_state vs load_file + read", m["plain_load"], m["accel_load"]),
-        ("load_state vs load_file (lazy mmap)", m["plain_load_lazy"], m["accel_load"]),
-        ("load_state verified vs unverified (SHA-256 cost)", m["accel_load_unverified"], m["accel_load"]),
-    )
-    for op, plain, ours in rows:
-        print(
-            f"| {op} | {plain * 1e3:.1f} ms | {ours * 1e3:.1f} ms | {mb / plain:.0f} | {mb / ours:.0f} | {ours / plain:.2f} |"
-        )
+    columns = {
+        "save_state / plain save": ("accel_save", "plain_save"),
+        "load_state / plain load": ("accel_load", "plain_load"),
+        "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
+        "save_state(async_save=True) / save_state, time the call blocks training": (
+            "async_save_call",
+            "sync_save_call",
+        ),
+        "training step during an async save's write / training step": ("step_during_async_save", "step"),
+    }
+    for size in m["sizes"].values():
+        load = size["load_average_1min"]
+        for label, r in size["ratios"].items():
+            ours, base = (size["median_seconds"][k] * 1e3 for k in columns[label])
+            print(
+                f"| {size['megabytes']:.0f} MB | {label} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
+                f"{ours:.0f} ms | {base:.0f} ms | {load['min']:.1f}-{load['max']:.1f} |"
+            )
 
 
 def loader_table(out_dir: Path) -> None:
@@ -150,6 +159,7 @@ def loader_table(out_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--sections", default="steps,import,checkpoint,loader,memory,launch")
+    parser.add_argument("--checkpoint-args", default="", help="options for io_bench.py checkpoint (quoted)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where each section's JSON/CSV goes")
     known, extra = parser.parse_known_args()
     sections = set(known.sections.split(","))
@@ -158,7 +168,7 @@ def main() -> None:
     if "import" in sections:
         import_table(known.out_dir)
     if "checkpoint" in sections:
-        checkpoint_table(known.out_dir)
+        checkpoint_table(known.out_dir, known.checkpoint_args.split())
     if "loader" in sections:
         loader_table(known.out_dir)
     if "memory" in sections:

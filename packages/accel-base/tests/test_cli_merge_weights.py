@@ -219,3 +219,31 @@ def test_accelerates_merge_fsdp_weights_reads_safely_replaces_its_output_and_del
         merge_fsdp_weights(str(crafted), str(tmp_path / "out2"))
     with pytest.raises(ValueError, match=r"couldn't find a valid metadata file: it does not exist"):
         merge_fsdp_weights(str(tmp_path / "missing"), str(tmp_path / "out3"))
+
+
+def test_shards_are_checked_against_blake3_and_older_sha256_manifests(sharded: Path, tmp_path: Path) -> None:
+    """A shard whose bytes differ from its manifest's digest is refused (nothing merged); a manifest written before
+    BLAKE3 (bare SHA-256 hex digests) still verifies and merges."""
+    import hashlib
+    import json
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(sharded / "ckpt", ckpt)
+    manifest_path = ckpt / "accel_checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    shards = sorted(n for n in manifest["sha256"] if n.startswith("pytorch_model_fsdp_0/") and n.endswith(".distcp"))
+    assert shards and all(manifest["sha256"][n].startswith("blake3:") for n in shards)
+    for name in shards:  # as a checkpoint written before BLAKE3 recorded them
+        manifest["sha256"][name] = hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    merged = load_file(str(merge_weights(ckpt, tmp_path / "merged")))
+    reference = load_file(str(sharded / "reference.safetensors"))
+    assert all(torch.equal(merged[k], v) for k, v in reference.items())
+    shard = ckpt / shards[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not match the digest its checkpoint's manifest records"):
+        merge_weights(ckpt, tmp_path / "again")
+    assert not (tmp_path / "again").exists()

@@ -784,6 +784,8 @@ class Accelerator(AcceleratorCompatMixin):
         self,
         output_dir: str | os.PathLike[str] | None = None,
         safe_serialization: bool = True,
+        *,
+        async_save: bool = False,
         **save_model_func_kwargs: Any,
     ) -> str:
         """Save models, optimizers, schedulers, scaler, data positions, RNG and registered objects.
@@ -791,6 +793,12 @@ class Accelerator(AcceleratorCompatMixin):
         With `ProjectConfiguration(automatic_checkpoint_naming=True)` and no `output_dir`, writes
         `<project_dir>/checkpoints/checkpoint_<n>` and prunes beyond `total_limit`. The
         directory appears only once complete. Returns its path.
+
+        `async_save=True` (an accel extension) returns as soon as every state is copied to host
+        memory; the main process writes, hashes and commits the files on a background thread while
+        training goes on. The next `save_state` or `load_state` waits for it, and so does the process
+        at exit; a failure is raised there (on every process), naming the checkpoint, or printed at exit.
+        A process killed meanwhile leaves the previous checkpoint intact.
 
         `save_model_func_kwargs` go to the engine's own save where a strategy has one (DeepSpeed's
         `save_checkpoint`, e.g. `exclude_frozen_parameters=True`), as in Accelerate; elsewhere they are
@@ -828,12 +836,25 @@ class Accelerator(AcceleratorCompatMixin):
                     UserWarning,
                     stacklevel=2,
                 )
-        path = ckpt.save_state(self.prepared, run, output_dir, step=self.step, safe_serialization=safe_serialization)
+        # Pruned only after the new checkpoint is complete (committed, with `async_save` in the background):
+        # a crash mid-save must leave the previous one loadable.
+        project_dir, limit = cfg.project_dir, cfg.total_limit
+        prune = None
+        if cfg.automatic_checkpoint_naming and limit is not None and project_dir is not None:
+
+            def prune() -> None:
+                ckpt.prune(project_dir, limit)
+
+        path = ckpt.save_state(
+            self.prepared,
+            run,
+            output_dir,
+            step=self.step,
+            safe_serialization=safe_serialization,
+            async_save=async_save,
+            after_commit=prune if self.is_main_process else None,
+        )
         if cfg.automatic_checkpoint_naming:
-            # Pruned only after the new checkpoint is complete: a crash mid-save must
-            # leave the previous one loadable.
-            if self.is_main_process and cfg.total_limit is not None and cfg.project_dir is not None:
-                ckpt.prune(cfg.project_dir, cfg.total_limit)
             self.wait_for_everyone()
             cfg.iteration += 1
         return str(path)
@@ -874,6 +895,7 @@ class Accelerator(AcceleratorCompatMixin):
                 raise ValueError(
                     "load_state needs `input_dir` unless ProjectConfiguration(automatic_checkpoint_naming=True)."
                 )
+            ckpt.background.wait()  # the latest checkpoint may still be being saved in the background
             found = ckpt.list_checkpoints(cfg.project_dir)
             if not found:
                 raise CheckpointError(f"No complete checkpoint under {Path(cfg.project_dir) / 'checkpoints'}.")

@@ -3,10 +3,12 @@
 - Weights are safetensors. Everything else is written with `torch.save` and read back with
   `torch.load(weights_only=True)`: a file that would need arbitrary code to unpickle is
   refused (`UnsafeCheckpointError`) and nothing in it runs.
-- Every writer returns the file's SHA-256. `torch.save` streams through the hash; a
-  safetensors file is hashed right after it is written, while it is still in the page cache.
-- A reader given the expected hash deserialises the file while a thread hashes it in chunks:
-  memory never holds a second copy of the file, and the page cache spares a second disk read.
+- Every writer returns the file's digest (`accel.checkpoint.digest`: BLAKE3, or SHA-256 for
+  manifests written before). Bytes are hashed on their way to the file, on another thread while
+  the write goes on: no second pass over the file, no second copy of it in memory.
+- Safetensors files are written and read here, tensor by tensor straight from and into the
+  tensors' memory, each buffer hashed (on another thread) as it passes. A torch file is parsed by
+  `torch.load` while a thread hashes the same file from the page cache.
 - Damaged files fail with a `CheckpointError` naming the file and what is wrong; so does a
   FIFO, device or socket in a file's place, refused by its type before anything opens it (a
   FIFO would block the reader forever, `/dev/zero` would never end).
@@ -17,12 +19,13 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
+import mmap
 import os
 import re
 import stat
+import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,24 +36,38 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError, UnsafeCheckpointError
+from .digest import Hasher, name_of, of_bytes
 
 _CODE_MARKERS = ("Unsupported global", "unsupported GLOBAL", "Can only create new object", "Can only build")
 _CHUNK = 1 << 22
 
 
+_OVERLAP = 1 << 20  # buffers from this size on are hashed on another thread while they are written
+
+
 class _HashingWriter(io.RawIOBase):
-    """A write-only file that hashes what passes through it."""
+    """A write-only file that hashes what passes through it, large buffers while they are written."""
 
     def __init__(self, target: BinaryIO) -> None:
         self.target = target
-        self.sha256 = hashlib.sha256()
+        self.hasher = Hasher()
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        self.sha256.update(data)
-        return self.target.write(data)
+        view = memoryview(data)
+        if view.nbytes < _OVERLAP:
+            self.hasher.update(view)
+            self.target.write(view)
+            return view.nbytes
+        # Both release the GIL: the hash runs beside the write, and is done before the caller may reuse `data`.
+        pending = _hash_pool().submit(self.hasher.update, view)
+        try:
+            self.target.write(view)
+        finally:
+            pending.result()
+        return view.nbytes
 
     def flush(self) -> None:
         self.target.flush()
@@ -71,20 +88,29 @@ def _replace_into(path: Path, write: Callable[[Path], Any]) -> Any:
     return result
 
 
-def hash_file(path: str | os.PathLike[str]) -> str:
-    """SHA-256 of a regular file, read in chunks.
+def hash_file(path: str | os.PathLike[str], like: str | None = None) -> str:
+    """The digest of a regular file, read in chunks, as a manifest records it.
+
+    `like`: a recorded digest, whose algorithm is used (SHA-256 for a bare one); BLAKE3 when None.
 
     Raises:
         CheckpointError: `path` is a FIFO, device, socket or directory (naming it); nothing is read.
     """
-    digest = hashlib.sha256()
+    digest = Hasher(like)
     # O_NONBLOCK: opening a FIFO must not wait for a writer; its type is refused right after.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as f:
-        check_regular(Path(path), os.fstat(fd).st_mode)
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        check_regular(Path(path), st.st_mode)
+        if not digest.sha256 and st.st_size >= _CHUNK:
+            # BLAKE3 hashes the page cache in place, on several threads: no copy into a buffer.
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+                digest.update(mapped)
+            return digest.text()
+        chunk = memoryview(bytearray(_CHUNK))
+        while n := f.readinto(chunk):
+            digest.update(chunk[:n])
+    return digest.text()
 
 
 def describe_type(mode: int) -> str:
@@ -110,11 +136,19 @@ def check_regular(path: Path, mode: int) -> None:
 
 @functools.cache
 def _hash_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-sha256")
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="accel-hash")
+
+
+def mismatch(path: Path, recorded: str) -> CheckpointError:
+    """The error of a file whose bytes do not hash to the digest `recorded` for it."""
+    return CheckpointError(
+        f"Checkpoint file {path} does not match the {name_of(recorded)} recorded when it was saved: it is truncated "
+        "or corrupted, or was changed after saving. Load an earlier checkpoint."
+    )
 
 
 def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any]) -> Any:
-    """`parse(path)` while a thread hashes the same file in 4 MiB chunks.
+    """`parse(path)` while a thread hashes the same file in 16 MiB chunks.
 
     Memory holds what `parse` builds and one chunk, never a second copy of the file; the two
     reads share the page cache, and hashlib and file reads release the GIL, so verification
@@ -128,21 +162,20 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
         raise CheckpointError(f"Checkpoint file {path} is missing.") from None
     check_regular(path, mode)
     before = _identity(path)
-    digest = _hash_pool().submit(hash_file, path) if sha256 is not None else None
+    # The default algorithm's digest is asked for as `hash_file(path)`, the call every caller makes.
+    args = (path,) if sha256 is None or not Hasher(sha256).sha256 else (path, sha256)
+    digest = _hash_pool().submit(hash_file, *args) if sha256 is not None else None
     try:
         result, error = parse(path), None
     except Exception as exc:
         result, error = None, exc
-    if digest is not None:
+    if digest is not None and sha256 is not None:
         try:
             actual = digest.result()
         except OSError as exc:
             raise CheckpointError(f"Checkpoint file {path} could not be read ({exc}).") from exc
         if actual != sha256:
-            raise CheckpointError(
-                f"Checkpoint file {path} does not match the SHA-256 recorded when it was saved: it is truncated or "
-                "corrupted, or was changed after saving. Load an earlier checkpoint."
-            ) from error
+            raise mismatch(path, sha256) from error
         if _identity(path) != before:
             raise CheckpointError(f"Checkpoint file {path} changed while it was being read; load it again.")
     if error is not None:
@@ -168,7 +201,7 @@ def _identity(path: Path) -> tuple[int, int, int, int]:
 
 
 def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
-    """`torch.save`, atomically. Returns the file's SHA-256."""
+    """`torch.save`, atomically. Returns the file's digest."""
 
     def write(tmp: Path) -> str:
         with open(tmp, "wb") as f:
@@ -182,7 +215,7 @@ def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
                 if interrupt is not None:
                     raise interrupt from None
                 raise
-        return writer.sha256.hexdigest()
+        return writer.hasher.text()
 
     return str(_replace_into(Path(path), write))
 
@@ -229,16 +262,130 @@ def _reason(text: str) -> str:
 def save_safetensors(
     state_dict: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
 ) -> str:
-    """Save tensors as safetensors, atomically; returns the file's SHA-256.
+    """Save tensors as safetensors, atomically; returns the file's digest.
 
-    Tensors sharing memory (tied weights) are copied.
+    Tensors sharing memory (tied weights) are copied. Each tensor's bytes go to the file from the
+    tensor's own memory and are hashed on the way.
     """
+    tensors = _detach_for_save(state_dict)
+    meta = metadata or {"format": "pt"}
 
     def write(tmp: Path) -> str:
-        save_file(_detach_for_save(state_dict), str(tmp), metadata=metadata or {"format": "pt"})
-        return hash_file(tmp)
+        if any(t.dtype not in _DTYPES for t in tensors.values()):
+            save_file(tensors, str(tmp), metadata=meta)  # safetensors names the dtype it cannot store
+            return hash_file(tmp)
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            _write_safetensors(tensors, writer, meta)
+        return writer.hasher.text()
 
     return str(_replace_into(Path(path), write))
+
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.complex64: "C64",
+}
+_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+_MAX_HEADER = 100 << 20  # what safetensors itself accepts
+
+
+def _raw(tensor: torch.Tensor) -> Any:
+    """The bytes of a contiguous CPU tensor, as a writable buffer over its own memory."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _write_safetensors(tensors: dict[str, torch.Tensor], out: _HashingWriter, metadata: dict[str, str]) -> None:
+    """The safetensors format: an 8-byte header length, the JSON header (padded to 8 bytes), the tensors' bytes."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    out.write(struct.pack("<Q", len(text)) + text)
+    for name in sorted(tensors):
+        if tensors[name].numel():
+            out.write(_raw(tensors[name]))
+
+
+def _read_safetensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor] | None:
+    """Read (and with `sha256`, verify) a safetensors file in one pass; None where its layout is anything but
+    plain (the caller then reads it with safetensors, which names what is wrong).
+
+    Each tensor is read straight into its own memory; the bytes are hashed on another thread while the
+    next tensor is read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        check_regular(path, st.st_mode)
+        head = f.read(8)
+        if len(head) < 8 or (size := struct.unpack("<Q", head)[0]) > min(_MAX_HEADER, st.st_size - 8):
+            return None
+        text = f.read(size)
+        try:
+            header = json.loads(text)
+            entries = sorted(
+                ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
+            )
+            end = 0
+            for _, info in entries:
+                begin, stop = info["data_offsets"]
+                dtype = _BY_NAME[info["dtype"]]
+                count = 1
+                for dim in info["shape"]:
+                    count *= int(dim)
+                if begin != end or stop - begin != count * dtype.itemsize:
+                    return None
+                end = stop
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            return None
+        if len(text) != size or 8 + size + end != st.st_size:
+            return None
+        hasher = Hasher(sha256) if sha256 is not None else None
+        if hasher is not None:
+            hasher.update(head)
+            hasher.update(text)
+        pending = None
+        out: dict[str, torch.Tensor] = {}
+        try:
+            for name, info in entries:
+                t = torch.empty([int(d) for d in info["shape"]], dtype=_BY_NAME[info["dtype"]])
+                out[name] = t
+                if not t.numel():
+                    continue
+                buf = memoryview(_raw(t))
+                done = 0
+                while done < buf.nbytes:
+                    n = f.readinto(buf[done:])
+                    if not n:
+                        return None  # shorter than when it was measured: read it the careful way
+                    done += n
+                if hasher is not None:
+                    if pending is not None:
+                        pending.result()
+                    pending = _hash_pool().submit(hasher.update, buf)
+        finally:
+            if pending is not None:
+                pending.result()
+    if hasher is not None and sha256 is not None and hasher.text() != sha256:
+        raise mismatch(path, sha256)
+    return out
 
 
 def load_safetensors(
@@ -250,6 +397,16 @@ def load_safetensors(
         CheckpointError: (naming the file) missing, not valid safetensors, or not matching `sha256`.
     """
     path = Path(path)
+    try:
+        fast = _read_safetensors(path, sha256)
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path} is missing.") from None
+    except OSError:
+        fast = None  # the careful read below names what is wrong
+    if fast is not None:
+        if device != "cpu":
+            fast = {k: v.to(device) for k, v in fast.items()}
+        return {k: fast[k] for k in sorted(fast)}
 
     def parse(source: Path) -> dict[str, torch.Tensor]:
         try:
@@ -279,12 +436,12 @@ def load_json(path: str | os.PathLike[str], sha256: str | None = None) -> Any:
 
 
 def save_json(obj: Any, path: str | os.PathLike[str]) -> str:
-    """Write `obj` as JSON, atomically; returns the file's SHA-256."""
+    """Write `obj` as JSON, atomically; returns the file's digest."""
     data = json.dumps(obj, indent=2).encode("utf-8")
 
     def write(tmp: Path) -> str:
         tmp.write_bytes(data)
-        return hashlib.sha256(data).hexdigest()
+        return of_bytes(data)
 
     return str(_replace_into(Path(path), write))
 
@@ -363,7 +520,7 @@ def write_model_files(
 
 
 def write_weights(state_dict: dict[str, torch.Tensor], path: Path, safe: bool) -> str:
-    """A model's weights as safetensors (`safe`) or a weights-only torch file; returns the SHA-256."""
+    """A model's weights as safetensors (`safe`) or a weights-only torch file; returns the digest."""
     if safe:
         return save_safetensors(state_dict, path)
     return save_torch(_detach_for_save(state_dict), path)

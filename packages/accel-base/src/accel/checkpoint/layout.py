@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from .digest import DIGEST_RE
 from .io import describe_type, load_json, save_json
 
 MANIFEST = "accel_checkpoint.json"
@@ -55,7 +56,6 @@ TMP_SUFFIX = ".accel-tmp"
 OLD_SUFFIX = ".accel-old"
 """Suffix of the sibling directory those releases left when killed between their two renames."""
 FORMAT_VERSION = 2
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Names accel writes into a checkpoint that Accelerate's save_state writes too (or an accel
 # checkpoint whose manifest was lost leaves): `seal` replaces such a file when it holds a checkpoint.
 _CHECKPOINT_FILE_RE = re.compile(
@@ -94,7 +94,8 @@ class Located:
         return inside(self.directory, self.directory / name)
 
     def sha256(self, name: str) -> str | None:
-        """The recorded hash of `name` (None for checkpoints written before hashes)."""
+        """The recorded digest of `name` (None for checkpoints written before hashes): BLAKE3 as
+        ``blake3:<hex>``, or bare hex SHA-256 from a manifest written before BLAKE3 (`accel.checkpoint.digest`)."""
         return self.hashes.get(name)
 
 
@@ -153,7 +154,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
                 f"{type(names).__name__}. Load an earlier checkpoint."
             )
     hashes = manifest.get("sha256", {})
-    if not (isinstance(hashes, dict) and all(isinstance(v, str) and _SHA256_RE.fullmatch(v) for v in hashes.values())):
+    if not (isinstance(hashes, dict) and all(isinstance(v, str) and DIGEST_RE.fullmatch(v) for v in hashes.values())):
         raise CheckpointError(
             f"Checkpoint file {path} is corrupted: its 'sha256' entry must map file names to SHA-256 hex digests, "
             f"got {_describe(hashes)}. Load an earlier checkpoint."
@@ -170,7 +171,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 def _describe(hashes: Any) -> str:
     if isinstance(hashes, dict):
-        bad = next((k, v) for k, v in hashes.items() if not (isinstance(v, str) and _SHA256_RE.fullmatch(v)))
+        bad = next((k, v) for k, v in hashes.items() if not (isinstance(v, str) and DIGEST_RE.fullmatch(v)))
         return f"{bad[0]!r}: {str(bad[1])[:80]!r}"
     return type(hashes).__name__
 
@@ -375,7 +376,10 @@ def _move_up(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
 
 
 def new_manifest(files: list[str], rng_files: list[str], hashes: dict[str, str], **extra: Any) -> dict[str, Any]:
-    """The manifest of a checkpoint: its files, every file's SHA-256, and `extra` (step, processes)."""
+    """The manifest of a checkpoint: its files, every file's digest, and `extra` (step, processes).
+
+    The digests keep the key `sha256` they had when they were all SHA-256; each names its algorithm
+    (`accel.checkpoint.digest`)."""
     return {"format": FORMAT_VERSION, **extra, "files": files, "rng_files": rng_files, "sha256": hashes}
 
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import warnings
@@ -26,7 +27,7 @@ import torch
 from ..distributed.tree import send_to_device
 from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
-from . import accelerate_layout, layout
+from . import accelerate_layout, background, layout
 from .io import (
     hash_file,
     load_safetensors,
@@ -79,26 +80,38 @@ def _agree(ctx: RunContext, error: Exception | None, payload: Any = None) -> lis
     return out
 
 
-def _shared_directory(ctx: RunContext, directory: Path) -> Path:
-    """The one directory this rank's checkpoint lives in when ranks passed different paths.
+def _first_round(
+    ctx: RunContext, directory: Path, error: Exception | None, payload: Any = None
+) -> tuple[Path, list[tuple[str | None, Any]], list[int]]:
+    """One collective: every rank's path, error and payload. Returns this rank's shared directory, for
+    every rank its (error message or None, payload) as `_agree` does, and every rank's local index.
 
     Accelerate lets every rank pass its own `output_dir` (a per-rank temporary directory, say). accel keeps a
     checkpoint whole in one directory (one manifest, one atomic commit), so ranks that disagree all use their
     writer's path: the main process's, or with `save_on_each_node` their node's local main process's. Ranks
-    that agree (the usual case) keep their own path unchanged.
+    that agree (the usual case) keep their own path unchanged. A writer's directory is always its own path,
+    so it may lock and open it before this round.
     """
+    mine = None if error is None else f"{type(error).__name__}: {error}"
     if not ctx.use_distributed:
-        return directory
+        return directory, [(mine, payload)], [ctx.local_process_index]
     import torch.distributed as dist
 
-    paths: list[Any] = [None] * ctx.num_processes
-    dist.all_gather_object(paths, (str(directory), ctx.local_process_index))
-    if len({path for path, _ in paths}) == 1:
-        return directory
-    owner = 0
-    if ctx.save_on_each_node:  # ranks are numbered node by node: the nearest local main at or below this rank
-        owner = max(rank for rank in range(ctx.process_index + 1) if paths[rank][1] == 0)
-    return Path(paths[owner][0])
+    out: list[Any] = [None] * ctx.num_processes
+    dist.all_gather_object(out, (str(directory), ctx.local_process_index, mine, payload))
+    results = [(msg, load) for _, _, msg, load in out]
+    local_indexes = [local for _, local, _, _ in out]
+    if len({path for path, *_ in out}) == 1:
+        return directory, results, local_indexes
+    return Path(out[_owner(ctx, local_indexes, ctx.process_index)][0]), results, local_indexes
+
+
+def _owner(ctx: RunContext, local_indexes: list[int], rank: int) -> int:
+    """The rank that writes `rank`'s checkpoint: rank 0, or with `save_on_each_node` its node's local main
+    (ranks are numbered node by node: the nearest local main at or below it)."""
+    if not ctx.save_on_each_node:
+        return 0
+    return max(r for r in range(rank + 1) if local_indexes[r] == 0)
 
 
 def _raise_if_failed(results: list[tuple[str | None, Any]], error: Exception | None, what: str) -> None:
@@ -127,6 +140,8 @@ def save_state(
     *,
     step: int = 0,
     safe_serialization: bool = True,
+    async_save: bool = False,
+    after_commit: Callable[[], Any] | None = None,
 ) -> Path:
     """Write every prepared object's state to `output_dir`. Runs on all ranks.
 
@@ -136,57 +151,152 @@ def save_state(
     `save_on_each_node`, each node's local main process's) directory, and `load_state` with the
     same per-rank paths reads it from there.
 
+    `async_save`: return once every state is copied to host memory; the writing rank writes, hashes
+    and commits the files on a background thread (`accel.checkpoint.background`). `after_commit`
+    runs on the writing rank once the checkpoint is committed (pruning older ones).
+
     Raises:
         CheckpointError: `output_dir` is a file, a write failed on any rank (disk full, read-only),
-            or a new file would overwrite one accel did not write. The previous checkpoint and the
-            user's files are intact, and no staging directory is left behind.
+            or a new file would overwrite one accel did not write; or the previous asynchronous save
+            failed (naming it). The previous checkpoint and the user's files are intact, and no
+            staging directory is left behind.
     """
-    final = _shared_directory(ctx, Path(output_dir))
-    staging = final / layout.STAGING
-    what = f"save_state({final})"
+    own = Path(output_dir)
     writer = _writes(ctx)
-    # Only the writer locks (the other ranks follow it through `_agree`, so no rank waits for
-    # another's lock): the save lock for the whole save, the files lock while files change.
-    locks = CheckpointLocks(final, what) if writer else None
-    began = sealed = False
-    try:
-        if locks is not None:
-            _, error = _attempt(lambda: _begin(locks, final))
-            began = error is None
-        else:
-            error = None
-        _raise_if_failed(_agree(ctx, error), error, what)
+    # Only the writer locks (the other ranks follow it through the rounds, so no rank waits for
+    # another's lock): the save lock for the whole save, the files lock while files change. A writer's
+    # directory is its own `output_dir`, so it begins before the first round.
+    locks = CheckpointLocks(own, f"save_state({own})") if writer else None
+    from ..strategies.base import Strategy
 
-        written, error = _attempt(lambda: _write_files(prepared, ctx, staging, writer, safe_serialization))
-        results = _agree(ctx, error, written)
-        if any(msg is not None for msg, _ in results) and writer:
+    # A strategy that writes no files of its own (DDP, one process): every rank's share (its random
+    # states) travels in the first round and the writer writes everything; one round more for the
+    # outcome of a synchronous save, none for an asynchronous one. A strategy writing its own files
+    # (sharded ones) writes them into the staging directory, so it waits for the first round, and its
+    # shares are agreed on in a second one.
+    default = type(ctx.strategy).save_checkpoint_state is Strategy.save_checkpoint_state
+    began = sealed = handed_over = False
+    staging = own / layout.STAGING
+    try:
+        error: Exception | None = background.finish() if writer else None
+        if locks is not None and error is None:
+            _, error = _attempt(lambda: _begin(locks, own))
+            began = error is None
+        snapshot: dict[str, Any] | None = None
+        written: dict[str, str] = {}
+        if default:
+            # Hooks and gathers run on every rank whatever the writer found: the ranks stay in step. A
+            # synchronous writer then writes its own files (its directory is its own path), before the round.
+            snapshot, failure = _attempt(
+                lambda: _snapshot(prepared, ctx, staging, writer, safe_serialization, async_save or not writer)
+            )
+            error = error or failure
+            if writer and not async_save and error is None and snapshot is not None:
+                jobs = snapshot["jobs"]
+                written, error = _attempt(lambda: _write_jobs(staging, jobs))
+                snapshot["jobs"] = [job for job in jobs if job[0] not in (written or {})]
+                snapshot["names"] = [name for name, _, _ in jobs if not name.startswith("random_states_")]
+        share = None if writer or snapshot is None else snapshot["jobs"]
+        final, results, local_indexes = _first_round(ctx, own, error, share)
+        staging = final / layout.STAGING
+        what = f"save_state({final})"
+        if any(msg is not None for msg, _ in results) and began:
             _remove(staging)
         _raise_if_failed(results, error, what)
 
+        if default:
+            assert snapshot is not None
+            mine = f"random_states_{ctx.process_index}.pt"
+            # This writer's checkpoint holds the random states of every rank it writes for.
+            later = list(snapshot["jobs"])
+            later += [
+                job
+                for rank, (_, jobs) in enumerate(results)
+                if rank != ctx.process_index and _owner(ctx, local_indexes, rank) == ctx.process_index
+                for job in jobs
+                if job[0].startswith("random_states_") and job[0] != mine
+            ]
+            names = snapshot.get("names") or [name for name, _, _ in later if not name.startswith("random_states_")]
+            shares = [{"files": names, "custom": [], "hashes": dict(written or {})}]
+            at = 0
+        else:
+            snapshot, error = _attempt(
+                lambda: _snapshot(prepared, ctx, staging, writer, safe_serialization, async_save)
+            )
+            later = []
+            if snapshot is not None and async_save and writer:
+                # The writer's own files are written in the background; its random states, like every other
+                # rank's, now (they are tiny, and every rank's must be on disk before the writer seals).
+                jobs = snapshot["jobs"]
+                later = [job for job in jobs if not job[0].startswith("random_states_")]
+                snapshot["jobs"] = [job for job in jobs if job[0].startswith("random_states_")]
+                snapshot["later"] = [name for name, _, _ in later]
+            share_written, error = (None, error) if error else _attempt(lambda: _write_share(staging, snapshot))
+            results = _agree(ctx, error, share_written)
+            if any(msg is not None for msg, _ in results) and writer:
+                _remove(staging)
+            _raise_if_failed(results, error, what)
+            shares, at = [payload for _, payload in results], ctx.process_index
+
         error = None
         if locks is not None:
-            manifest = _manifest(ctx, staging, [payload for _, payload in results], step)
-            _, error = _attempt(locks.change_files)
-            if error is None:
-                _, error = _attempt(lambda: layout.seal(staging, final, manifest))
-            if error is not None:
-                _remove(staging)
-            else:
-                # Sealed: the staged checkpoint is complete and loadable. A failure from here on is
-                # finished by the next save (layout.recover), so staging must stay.
-                sealed = True
-                _, error = _attempt(lambda: layout.commit(staging, final))
-            locks.release()
+            if async_save:
+                background.start(
+                    what, lambda: _finish_save(ctx, locks, staging, final, shares, at, later, step, after_commit)
+                )
+                handed_over = True
+                return final
+            sealed = True  # from here on `_finish_save` removes what it staged if it fails before sealing
+            _, error = _attempt(lambda: _finish_save(ctx, locks, staging, final, shares, at, later, step, None))
+        if async_save:
+            return final  # the other ranks are done: the writer reports its outcome at the next save or load
         _raise_if_failed(_agree(ctx, error), error, what)
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C (or SystemExit) on the writer: remove what this save staged, then let it through as it is.
-        if began and not sealed:
+        if began and not sealed and not handed_over:
             _remove(staging)
         raise
     finally:
-        if locks is not None:
+        if locks is not None and not handed_over:
             locks.release()
+    if after_commit is not None and writer:
+        after_commit()
     return final
+
+
+def _finish_save(
+    ctx: RunContext,
+    locks: CheckpointLocks,
+    staging: Path,
+    final: Path,
+    shares: list[dict[str, Any]],
+    at: int,
+    later: list[tuple[str, str, Any]],
+    step: int,
+    after_commit: Callable[[], Any] | None,
+) -> None:
+    """On the writer: write `later`'s files, seal the manifest and commit; releases the locks.
+
+    A failure before sealing removes the staging directory; once sealed, the staged checkpoint is
+    complete and loadable, and a failure from there on is finished by the next save (layout.recover).
+    """
+    sealed = False
+    try:
+        hashes = _write_jobs(staging, later)
+        shares[at]["hashes"].update(hashes)
+        manifest = _manifest(ctx, staging, shares, step)
+        locks.change_files()
+        layout.seal(staging, final, manifest)
+        sealed = True
+        layout.commit(staging, final)
+    except BaseException:
+        if not sealed:
+            _remove(staging)
+        raise
+    finally:
+        locks.release()
+    if after_commit is not None:
+        after_commit()
 
 
 def _writes(ctx: RunContext) -> bool:
@@ -204,8 +314,13 @@ def _begin(locks: CheckpointLocks, final: Path) -> None:
         locks.done_changing()
 
 
-def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool) -> dict[str, Any]:
-    """Write this rank's share; returns the names written and their hashes."""
+def _snapshot(
+    prepared: Prepared, ctx: RunContext, staging: Path, writer: bool, safe: bool, copy_off: bool
+) -> dict[str, Any]:
+    """What this rank writes: each file's name, how it is written and the state it holds.
+
+    `copy_off`: every state is copied to host memory, so that training may change the live objects
+    while the files are written."""
     for hook in prepared.save_state_pre_hooks.values():
         hook(prepared.models, [], str(staging))
     # A sharding strategy writes models and optimizers its own way (None: the default files).
@@ -213,38 +328,85 @@ def _write_files(prepared: Prepared, ctx: RunContext, staging: Path, writer: boo
     # Gathers (collectives) first, on every rank; then writes, on the writer only, so that a
     # failed write cannot leave the other ranks waiting in a gather.
     models = [] if custom is not None else [ctx.strategy.full_state_dict(strip_compile(m)) for m in prepared.models]
-    on_host = ctx.adapter.checkpoint_on_host
+    to_host = ctx.adapter.checkpoint_on_host
 
-    def host(obj: Any) -> Any:
-        return send_to_device(obj, torch.device("cpu")) if on_host else obj
+    def host(obj: Any) -> Any:  # (a copy off the device is made below, for all of them)
+        return send_to_device(obj, torch.device("cpu")) if to_host and not copy_off else obj
 
-    hashes: dict[str, str] = {}
-    files: list[str] = list(custom or [])
+    # Each state is taken when its file is written (`_Later`), in the order the files are written,
+    # unless `copy_off` takes them all now.
+    def on_host(obj: Any) -> _Later:
+        return _Later(lambda: host(obj.state_dict()))
+
+    jobs: list[tuple[str, str, Any]] = []
     if writer:
         for i, sd in enumerate(models):
-            name = file_name("model", i, "safetensors" if safe else "bin")
-            hashes[name] = write_weights(sd, staging / name, safe)
+            jobs.append(
+                (file_name("model", i, "safetensors" if safe else "bin"), "safetensors" if safe else "weights", sd)
+            )
         optimizers = prepared.optimizers if custom is None else []
-        for i, opt in enumerate(optimizers):
-            hashes[file_name("optimizer", i, "bin")] = save_torch(
-                host(opt.state_dict()), staging / file_name("optimizer", i, "bin")
-            )
-        for i, sched in enumerate(prepared.schedulers):
-            hashes[file_name("scheduler", i, "bin")] = save_torch(
-                sched.state_dict(), staging / file_name("scheduler", i, "bin")
-            )
+        jobs += [(file_name("optimizer", i, "bin"), "torch", on_host(opt)) for i, opt in enumerate(optimizers)]
+        jobs += [
+            (file_name("scheduler", i, "bin"), "torch", _Later(sched.state_dict))
+            for i, sched in enumerate(prepared.schedulers)
+        ]
         if prepared.scaler is not None:
-            hashes["scaler.pt"] = save_torch(prepared.scaler.state_dict(), staging / "scaler.pt")
-        loaders = [dl.state_dict() for dl in prepared.dataloaders]
-        hashes["dataloaders.json"] = save_json(loaders, staging / "dataloaders.json")
-        for i, obj in enumerate(prepared.custom_objects):
-            name = f"custom_checkpoint_{i}.bin"
-            hashes[name] = save_torch(host(obj.state_dict()), staging / name)
-        files += [n for n in hashes if n not in files]
+            jobs.append(("scaler.pt", "torch", _Later(prepared.scaler.state_dict)))
+        loaders = prepared.dataloaders
+        jobs.append(("dataloaders.json", "json", _Later(lambda: [dl.state_dict() for dl in loaders])))
+        jobs += [(f"custom_checkpoint_{i}.bin", "torch", on_host(obj)) for i, obj in enumerate(prepared.custom_objects)]
     # Every rank's RNG: dropout and every other consumer must continue exactly per rank.
-    rng = f"random_states_{ctx.process_index}.pt"
-    hashes[rng] = save_torch(ctx.adapter.get_rng_state(), staging / rng)
-    return {"files": files, "custom": list(custom or []), "hashes": hashes}
+    jobs.append((f"random_states_{ctx.process_index}.pt", "torch", _Later(ctx.adapter.get_rng_state)))
+    if copy_off:
+        jobs = [(name, how, _copied(_taken(state))) for name, how, state in jobs]
+    return {"custom": list(custom or []), "jobs": jobs, "writer": writer}
+
+
+class _Later:
+    """A state taken only when its file is written."""
+
+    def __init__(self, take: Callable[[], Any]) -> None:
+        self.take = take
+
+
+def _taken(state: Any) -> Any:
+    return state.take() if isinstance(state, _Later) else state
+
+
+def _copied(state: Any) -> Any:
+    """`state` with every tensor copied to host memory and every container and value copied."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        items = [(k, _copied(v)) for k, v in state.items()]
+        return collections.OrderedDict(items) if isinstance(state, collections.OrderedDict) else dict(items)
+    if type(state) in (list, tuple):
+        return type(state)(_copied(v) for v in state)
+    return copy.deepcopy(state)
+
+
+_WRITERS: dict[str, Callable[[Any, Path], str]] = {
+    "safetensors": lambda state, path: write_weights(state, path, True),
+    "weights": lambda state, path: write_weights(state, path, False),
+    "torch": save_torch,
+    "json": save_json,
+}
+
+
+def _write_jobs(staging: Path, jobs: list[tuple[str, str, Any]]) -> dict[str, str]:
+    return {name: _WRITERS[how](_taken(state), staging / name) for name, how, state in jobs}
+
+
+def _write_share(staging: Path, snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """Write this rank's files now; returns the names this rank contributes and the digests written."""
+    assert snapshot is not None
+    custom: list[str] = snapshot["custom"]
+    hashes = _write_jobs(staging, snapshot["jobs"])
+    files = list(custom)
+    if snapshot["writer"]:
+        # Every file the writer writes, those the background writes too, in the order they are written.
+        files += [n for n in (*hashes, *snapshot.get("later", ())) if n not in files and not n.startswith("random_")]
+    return {"files": files, "custom": custom, "hashes": hashes}
 
 
 def _manifest(ctx: RunContext, staging: Path, shares: list[dict[str, Any]], step: int) -> dict[str, Any]:
@@ -298,40 +460,53 @@ def load_state(
             live model, optimizer and every other prepared object are then unchanged.
         UnsafeCheckpointError: a file would execute code to load.
     """
-    directory = _shared_directory(ctx, Path(input_dir))
-    what = f"load_state({directory})"
+    own = Path(input_dir)
     # The rank that writes the directory holds its files lock (shared) until every rank has read
-    # everything, so that no save moves a file meanwhile; the other ranks follow it through `_agree`.
-    locks = CheckpointLocks(directory, what) if _writes(ctx) else None
+    # everything, so that no save moves a file meanwhile; the other ranks follow it through the rounds.
+    # Two rounds where the strategy loads nothing itself (three where it does): the first for the
+    # directory and the lock, the second once every rank has read, checked and applied what can be undone.
+    locks = CheckpointLocks(own, f"load_state({own})") if _writes(ctx) else None
+    undo: list[tuple[Any, Any]] = []
     try:
-        _, error = _attempt(lambda: _open_for_reading(locks, directory)) if locks is not None else (None, None)
-        _raise_if_failed(_agree(ctx, error), error, what)
-        found, error = _attempt(lambda: _locate(directory, ctx, prepared))
-        _raise_if_failed(_agree(ctx, error), error, what)
-        assert found is not None
+        # An asynchronous save still writing finishes first (its failure is this load's, on every rank).
+        error: Exception | None = background.finish() if locks is not None else None
+        if locks is not None and error is None:
+            _, error = _attempt(lambda: _open_for_reading(locks, own))
+        directory, results, _ = _first_round(ctx, own, error)
+        what = f"load_state({directory})"
+        _raise_if_failed(results, error, what)
 
-        for hook in prepared.load_state_pre_hooks.values():
-            hook(prepared.models, str(directory))
+        def read_check_apply() -> tuple[layout.Located, dict[str, Any]]:
+            found = _locate(directory, ctx, prepared)
+            for hook in prepared.load_state_pre_hooks.values():
+                hook(prepared.models, str(directory))
+            custom = list(found.manifest.get("strategy_files", []))
+            if ctx.is_main_process:
+                warn_if_unverified(found)
+            plan = read_and_check(prepared, ctx, found, strict, custom)
+            # Everything that can be undone first; then a strategy's models and optimizers (it checks them
+            # before it changes anything); the default models last, once every rank has got this far.
+            applied, failure = _apply_undoable(ctx, plan)
+            undo.extend(applied)
+            if failure is not None:
+                raise failure
+            return found, plan
 
-        custom = list(found.manifest.get("strategy_files", []))
-        if ctx.is_main_process:
-            warn_if_unverified(found)
-        plan, error = _attempt(lambda: read_and_check(prepared, ctx, found, strict, custom))
-        _raise_if_failed(_agree(ctx, error), error, what)
-        assert plan is not None
-
-        # Everything that can be undone first, agreed on by every rank; then a strategy's models and
-        # optimizers (it checks them before it changes anything); the default models last.
-        undo, error = _apply_undoable(ctx, plan)
+        done, error = _attempt(read_check_apply)
         results = _agree(ctx, error)
         if any(msg is not None for msg, _ in results):
             _undo(ctx, undo)
         _raise_if_failed(results, error, what)
-        handled, error = _attempt(
-            lambda: ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
-        )
-        # Every rank has read its files once this returns: the lock can go.
-        results = _agree(ctx, error)
+        found, plan = done
+        from ..strategies.base import Strategy
+
+        handled = False
+        if type(ctx.strategy).load_checkpoint_state is not Strategy.load_checkpoint_state:
+            handled, error = _attempt(
+                lambda: ctx.strategy.load_checkpoint_state(prepared, ctx, found.directory, strict=strict)
+            )
+            # Every rank has read its files once this returns: the lock can go.
+            results = _agree(ctx, error)
     finally:
         if locks is not None:
             locks.release()

@@ -19,7 +19,7 @@ import torch
 from ..errors import CheckpointError
 from ..prepare.wrappers import unwrap_through
 from .dcp import SHARDED_NAME, model_folder, optimizer_folder, read_full
-from .io import hash_file, load_json, load_safetensors, load_torch
+from .io import hash_file, load_json, load_safetensors, load_torch, mismatch
 from .layout import Located, file_name
 from .optimizer_keys import parameter_names, rekey
 
@@ -50,11 +50,8 @@ def read_and_check(
     )
     paths = [found.path(name) for name in names]
     for i, (name, path) in enumerate(zip(names, paths)):
-        if i % world == rank and hash_file(path) != found.hashes[name]:
-            raise CheckpointError(
-                f"Checkpoint file {found.path(name)} does not match the SHA-256 recorded when it was saved: it is "
-                "truncated or corrupted, or was changed after saving. Load an earlier checkpoint."
-            )
+        if i % world == rank and hash_file(path, found.hashes[name]) != found.hashes[name]:
+            raise mismatch(found.path(name), found.hashes[name])
 
     def torch_file(name: str, **kw: Any) -> Any:
         return load_torch(found.path(name), sha256=found.sha256(name), **kw)
@@ -141,7 +138,7 @@ def read_sharded(folder: Path, kind: str) -> Any:
 
 
 def warn_if_unverified(found: Located) -> None:
-    """Once per load: which files have no recorded SHA-256, and so load unverified."""
+    """Once per load: which files have no recorded digest, and so load unverified."""
     listed = [*found.manifest.get("files", []), *found.manifest.get("rng_files", [])]
     hashed = set(found.hashes)
     bare = [n for n in listed if n not in hashed and not any(h.startswith(n + "/") for h in hashed)]
@@ -153,7 +150,7 @@ def warn_if_unverified(found: Located) -> None:
         why = f"its manifest records none for {', '.join(bare[:6])}{' and others' if len(bare) > 6 else ''}"
     warnings.warn(
         f"Checkpoint {found.directory} is unverified: {why}, so a corrupted or changed file may load silently. "
-        "Saving it again with save_state records a SHA-256 for every file.",
+        "Saving it again with save_state records a digest for every file.",
         UserWarning,
         stacklevel=4,
     )

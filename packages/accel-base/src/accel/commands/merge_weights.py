@@ -168,7 +168,8 @@ def merge_weights(
 
 
 def _verify_against_manifest(directory: Path, paths: Any) -> None:
-    """Where `directory` is an accel checkpoint, each shard must match the SHA-256 its manifest records."""
+    """Where `directory` is an accel checkpoint, each shard must match the digest its manifest records (BLAKE3, or the
+    SHA-256 of a checkpoint written before)."""
     from ..checkpoint.io import hash_file
     from ..checkpoint.layout import locate
 
@@ -177,9 +178,9 @@ def _verify_against_manifest(directory: Path, paths: Any) -> None:
         return
     for path in sorted(paths):
         recorded = found.sha256(path.relative_to(directory).as_posix())
-        if recorded is not None and hash_file(found.path(path.relative_to(directory).as_posix())) != recorded:
+        if recorded is not None and hash_file(found.path(path.relative_to(directory).as_posix()), recorded) != recorded:
             raise CheckpointError(
-                f"Sharded checkpoint file {path} does not match the SHA-256 its checkpoint's manifest records: it is "
+                f"Sharded checkpoint file {path} does not match the digest its checkpoint's manifest records: it is "
                 "truncated or corrupted. Nothing was merged."
             )
 
