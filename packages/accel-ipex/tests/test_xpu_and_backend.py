@@ -108,7 +108,7 @@ def test_xpu_device_backend_and_distributed_type() -> None:
     )
 
 
-def test_xpu_backend_without_xccl_is_ccl_then_mpi_then_gloo(bindings: None) -> None:
+def test_xpu_backend_without_xccl_is_ccl_when_oneccl_imports(bindings: None) -> None:
     assert on_host(2, xccl=False).backend == "ccl"  # on XPUs no CCL_WORKER_COUNT is needed
 
 
