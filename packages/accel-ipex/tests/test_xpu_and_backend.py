@@ -82,6 +82,15 @@ def test_cpu_backend_is_mpi_when_torch_has_it(bindings: None, monkeypatch: pytes
     assert adapter.backend == "gloo"
 
 
+def test_accelerates_ccl_and_xccl_probes(bindings: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel import utils
+
+    assert utils.is_xccl_available() is False  # this torch has no xccl
+    assert utils.is_ccl_available() is True  # the bindings are importable (the fixture's)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not Path(p, f"{BINDINGS}.py").exists()])
+    assert utils.is_ccl_available() is False
+
+
 def test_bad_ccl_worker_count_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CCL_WORKER_COUNT", "two")
     with pytest.raises(SettingError, match=r"^CCL_WORKER_COUNT: must be a whole number .* got 'two'; set it to"):

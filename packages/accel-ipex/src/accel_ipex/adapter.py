@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
 from .options import OPTIMIZE_DEST, IpexOptions, add_accelerate_ipex_flag, ipex_config_settings
-from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
+from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version, torch_has_xccl
 
 if TYPE_CHECKING:
     from accel.prepare.context import RunContext
@@ -68,7 +68,8 @@ class IpexAdapter(Adapter):
     # ---- discovery, device and backend ------------------------------------------------------
     @classmethod
     def availability_probes(cls) -> dict[str, Any]:
-        """`accel.utils.is_ipex_available` and `is_xpu_available`, as Accelerate's."""
+        """`accel.utils.is_ipex_available`, `is_xpu_available`, `is_ccl_available` (oneCCL's bindings importable)
+        and `is_xccl_available` (torch >= 2.7 with `xccl`), as Accelerate's."""
 
         def is_ipex_available() -> bool:
             return importlib.util.find_spec("intel_extension_for_pytorch") is not None
@@ -77,7 +78,15 @@ class IpexAdapter(Adapter):
             xpu = getattr(torch, "xpu", None)
             return bool(xpu is not None and xpu.is_available() and (not check_device or xpu.device_count() > 0))
 
-        return {"is_ipex_available": is_ipex_available, "is_xpu_available": is_xpu_available}
+        def is_ccl_available() -> bool:
+            return importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+
+        return {
+            "is_ipex_available": is_ipex_available,
+            "is_xpu_available": is_xpu_available,
+            "is_ccl_available": is_ccl_available,
+            "is_xccl_available": torch_has_xccl,
+        }
 
     @classmethod
     def availability(cls) -> Availability:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .versions import check_pair, installed_ipex_version, installed_torch_version
+from .versions import check_pair, installed_ipex_version, installed_torch_version, torch_has_xccl
 
 _version = installed_ipex_version()
 if _version is None:
@@ -158,12 +158,7 @@ def is_mpi_available() -> bool:
 
 def is_xccl_available() -> bool:
     """torch's own XPU collective backend, `xccl` (torch >= 2.7 built with it; Accelerate's `is_xccl_available`)."""
-    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7):
-        return False
-    import torch.distributed.distributed_c10d as c10d
-
-    check = getattr(c10d, "is_xccl_available", None)
-    return bool(check is not None and check())
+    return torch_has_xccl()
 
 
 # ---- XPU (Intel Data Center / Arc GPUs): torch.xpu's names, which `ipex_emulated` mirrors ----------------------
