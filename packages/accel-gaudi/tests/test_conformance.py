@@ -13,3 +13,16 @@ class TestGaudiConformance(AdapterConformanceSuite):
     # optimum-habana does): the kit runs with Habana's eager mode. Lazy mode's step markers are tested in
     # test_adapter.py and test_distributed.py.
     env = {"PT_HPU_LAZY_MODE": "0"}
+
+
+def test_stand_in_real_functions_list_the_vendor_modules_functions() -> None:
+    """`REAL_FUNCTIONS` (what the kit compares the stand-in with where accel_gaudi.hpu cannot be imported) is exactly
+    the public functions hpu.py defines, read from its source."""
+    import ast
+    from pathlib import Path
+
+    import accel_gaudi.hpu_emulated as stand_in
+
+    source = Path(stand_in.__file__).with_name("hpu.py").read_text()
+    defined = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    assert sorted(stand_in.REAL_FUNCTIONS) == sorted(defined)

@@ -1,7 +1,8 @@
 """`IpexAdapter`: Intel CPUs (and XPUs) under accel, with intel-extension-for-pytorch.
 
-Every IPEX call goes through `self.vendor` (`accel_ipex.ipex`). IPEX runs for real on a CPU,
-so emulation keeps that module and changes only the device (`cpu`) and the backend (`gloo`).
+Every IPEX call goes through `self.vendor` (`accel_ipex.ipex`). IPEX runs for real on a CPU, so
+its stand-in (`accel_ipex.ipex_emulated`) keeps the IPEX calls and replaces only `torch.xpu` and the
+backend probes; emulation changes the device (`cpu`) and the backend (`gloo`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
 from accel.distributed.distributed_type import DistributedType
+from accel.errors import SettingError
 from torch.nn.parallel import DistributedDataParallel
 
 from .cpu_features import bf16_prepack_supported, choose_weights_prepack, cpu_flags
 from .options import OPTIMIZE_DEST, IpexOptions, add_accelerate_ipex_flag, ipex_config_settings
-from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version
+from .versions import IpexVersionError, check_pair, installed_ipex_version, installed_torch_version, torch_has_xccl
 
 if TYPE_CHECKING:
     from accel.prepare.context import RunContext
@@ -50,7 +52,8 @@ class IpexAdapter(Adapter):
         multi_process=True,
     )
     vendor_module: ClassVar[str] = "accel_ipex.ipex"
-    emulated_vendor_module: ClassVar[str] = "accel_ipex.ipex"
+    # Real IPEX on the CPU; torch.xpu and the backend probes stood in (an emulated XPU host, no XPU by default).
+    emulated_vendor_module: ClassVar[str] = "accel_ipex.ipex_emulated"
     options_class: ClassVar[type[IpexOptions]] = IpexOptions
     # Accelerate (before it dropped IPEX) read ACCELERATE_USE_IPEX=false as "do not ipex.optimize";
     # `accelerate launch` set it from --ipex / ipex_config.
@@ -65,7 +68,8 @@ class IpexAdapter(Adapter):
     # ---- discovery, device and backend ------------------------------------------------------
     @classmethod
     def availability_probes(cls) -> dict[str, Any]:
-        """`accel.utils.is_ipex_available` and `is_xpu_available`, as Accelerate's."""
+        """`accel.utils.is_ipex_available`, `is_xpu_available`, `is_ccl_available` (oneCCL's bindings importable)
+        and `is_xccl_available` (torch >= 2.7 with `xccl`), as Accelerate's."""
 
         def is_ipex_available() -> bool:
             return importlib.util.find_spec("intel_extension_for_pytorch") is not None
@@ -74,7 +78,15 @@ class IpexAdapter(Adapter):
             xpu = getattr(torch, "xpu", None)
             return bool(xpu is not None and xpu.is_available() and (not check_device or xpu.device_count() > 0))
 
-        return {"is_ipex_available": is_ipex_available, "is_xpu_available": is_xpu_available}
+        def is_ccl_available() -> bool:
+            return importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+
+        return {
+            "is_ipex_available": is_ipex_available,
+            "is_xpu_available": is_xpu_available,
+            "is_ccl_available": is_ccl_available,
+            "is_xccl_available": torch_has_xccl,
+        }
 
     @classmethod
     def availability(cls) -> Availability:
@@ -93,11 +105,14 @@ class IpexAdapter(Adapter):
 
     @property
     def on_xpu(self) -> bool:
-        """Whether this process runs on an Intel XPU (never under emulation)."""
-        return not self.emulate and self.vendor.xpu_available()
+        """Whether this process runs on an Intel XPU (`torch.xpu.is_available()`; under emulation, whether the
+        emulated host has XPUs: `ACCEL_IPEX_EMULATED_XPUS`, none by default)."""
+        return bool(self.vendor.is_available())
 
     @property
     def device_type(self) -> str:
+        if self.emulate:
+            return super().device_type
         return "xpu" if self.on_xpu else "cpu"
 
     def data_parallel_type(self, use_distributed: bool) -> DistributedType:
@@ -109,29 +124,47 @@ class IpexAdapter(Adapter):
     @property
     def backend(self) -> str:
         if self.emulate:
-            return "gloo"
-        if self.on_xpu:
-            return self.vendor.xpu_backend()  # type: ignore[no-any-return]
-        return "ccl" if self.vendor.ccl_available() else "gloo"
+            return super().backend
+        return self.collective_backend()
+
+    def collective_backend(self) -> str:
+        """The backend Accelerate's IPEX integration chose (its state.py, before IPEX was removed): on XPUs
+        torch's `xccl` when this torch has it (>= 2.7); otherwise, with several processes, oneCCL's `ccl` when
+        its bindings import and either `CCL_WORKER_COUNT` > 0 or the processes run on XPUs, else `mpi` when
+        torch was built with it, else `gloo`. (Accelerate 1.15 dropped the `ccl` branch: `mpi`, else `gloo`.)
+
+        Raises:
+            SettingError: `CCL_WORKER_COUNT` is not a whole number.
+        """
+        xpu = self.on_xpu
+        if xpu and self.vendor.is_xccl_available():
+            return "xccl"
+        if (xpu or _ccl_worker_count() > 0) and self.vendor.ccl_available():
+            return "ccl"
+        return "mpi" if self.vendor.is_mpi_available() else "gloo"
 
     def set_device(self, device: torch.device) -> None:
         if device.type == "xpu":
-            self.vendor.xpu_set_device(device)
+            self.vendor.set_device(device)
 
     def empty_cache(self) -> None:
-        if self.on_xpu:
-            self.vendor.xpu_empty_cache()
+        """`torch.xpu.empty_cache()` through the vendor module (which has nothing to release on a CPU)."""
+        self.vendor.empty_cache()
+
+    def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
+        """`torch.xpu.memory_stats(device)` on an XPU; `{}` on a CPU."""
+        return self.vendor.memory_stats(device) if self.on_xpu else {}  # type: ignore[no-any-return]
 
     def get_device_rng_state(self) -> Any:
-        return self.vendor.xpu_get_rng_state() if self.on_xpu else None
+        return self.vendor.get_rng_state_all() if self.on_xpu else None
 
     def set_device_rng_state(self, state: Any) -> None:
         if state is not None and self.on_xpu:
-            self.vendor.xpu_set_rng_state(state)
+            self.vendor.set_rng_state_all(state)
 
     def manual_seed(self, seed: int) -> None:
         if self.on_xpu:
-            self.vendor.xpu_manual_seed(seed)
+            self.vendor.manual_seed_all(seed)
 
     compile_backends: ClassVar[frozenset[str] | None] = frozenset({"ipex", "inductor"})
 
@@ -262,6 +295,19 @@ class IpexAdapter(Adapter):
         prepack = "auto" if c.weights_prepack is None else c.weights_prepack
         more = "".join(f" {name}={value}" for name, value in c.optimize_kwargs().items())
         return f"{super().describe()} optimize={c.optimize} level={c.level} weights_prepack={prepack}{more}"
+
+
+def _ccl_worker_count() -> int:
+    raw = os.environ.get("CCL_WORKER_COUNT", "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingError(
+            "CCL_WORKER_COUNT",
+            f"must be a whole number (oneCCL's worker threads per process), got {raw!r}; set it to e.g. 1, or unset it.",
+        ) from None
 
 
 def _broadcast_from_rank0(model: torch.nn.Module) -> None:

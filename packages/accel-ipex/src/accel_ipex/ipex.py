@@ -1,9 +1,9 @@
 """Every call into intel-extension-for-pytorch, oneCCL's bindings and `torch.xpu`: the adapter's
 one vendor module.
 
-IPEX runs for real on a CPU, so emulation uses this same module (only the device and the
-backend change). Importing it checks the IPEX/torch pair first, because IPEX's own check
-fails with an unhelpful error.
+IPEX runs for real on a CPU, so the stand-in (`accel_ipex.ipex_emulated`) keeps this module's IPEX
+calls and stands in only for `torch.xpu` and the collective-backend probes. Importing it checks the
+IPEX/torch pair first, because IPEX's own check fails with an unhelpful error.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .versions import check_pair, installed_ipex_version, installed_torch_version
+from .versions import check_pair, installed_ipex_version, installed_torch_version, torch_has_xccl
 
 _version = installed_ipex_version()
 if _version is None:
@@ -151,38 +151,48 @@ def ccl_available() -> bool:
     return True
 
 
-# ---- XPU (Intel Data Center / Arc GPUs) ----------------------------------------------------
-def xpu_available() -> bool:
+def is_mpi_available() -> bool:
+    """`torch.distributed.is_mpi_available()`: whether this torch was built with the `mpi` backend."""
+    return bool(torch.distributed.is_available() and torch.distributed.is_mpi_available())
+
+
+def is_xccl_available() -> bool:
+    """torch's own XPU collective backend, `xccl` (torch >= 2.7 built with it; Accelerate's `is_xccl_available`)."""
+    return torch_has_xccl()
+
+
+# ---- XPU (Intel Data Center / Arc GPUs): torch.xpu's names, which `ipex_emulated` mirrors ----------------------
+def is_available() -> bool:
+    """`torch.xpu.is_available()` (False on a torch without XPU support)."""
     return hasattr(torch, "xpu") and bool(torch.xpu.is_available())
 
 
-def xpu_device_count() -> int:
-    return int(torch.xpu.device_count()) if xpu_available() else 0
+def device_count() -> int:
+    return int(torch.xpu.device_count()) if is_available() else 0
 
 
-def xpu_backend() -> str:
-    """torch's own XPU collective backend (`xccl`, torch >= 2.8 built with it), else oneCCL's `ccl`."""
-    import torch.distributed as dist
-
-    is_xccl = getattr(dist, "is_xccl_available", None)
-    return "xccl" if is_xccl is not None and is_xccl() else "ccl"
-
-
-def xpu_set_device(device: torch.device) -> None:
+def set_device(device: torch.device) -> None:
     torch.xpu.set_device(device)
 
 
-def xpu_empty_cache() -> None:
-    torch.xpu.empty_cache()
+def empty_cache() -> None:
+    """`torch.xpu.empty_cache()` where there is an XPU; nothing to release on a CPU."""
+    if is_available():
+        torch.xpu.empty_cache()
 
 
-def xpu_get_rng_state() -> Any:
-    return torch.xpu.get_rng_state_all()
+def memory_stats(device: torch.device | None = None) -> dict[str, Any]:
+    """`torch.xpu.memory_stats(device)`; empty on a CPU."""
+    return dict(torch.xpu.memory_stats(device)) if is_available() else {}
 
 
-def xpu_set_rng_state(state: Any) -> None:
-    torch.xpu.set_rng_state_all(state)
+def get_rng_state_all() -> list[torch.Tensor]:
+    return list(torch.xpu.get_rng_state_all())
 
 
-def xpu_manual_seed(seed: int) -> None:
+def set_rng_state_all(states: list[torch.Tensor]) -> None:
+    torch.xpu.set_rng_state_all(states)
+
+
+def manual_seed_all(seed: int) -> None:
     torch.xpu.manual_seed_all(seed)

@@ -54,3 +54,15 @@ def installed_ipex_version() -> str | None:
 
 def installed_torch_version() -> str:
     return importlib.metadata.version("torch")
+
+
+def torch_has_xccl() -> bool:
+    """Whether this torch has its own XPU collective backend, `xccl` (torch >= 2.7 built with it), as Accelerate's
+    `is_xccl_available` answers."""
+    import torch
+    import torch.distributed as dist
+
+    if tuple(int(part) for part in minor(torch.__version__).split(".")) < (2, 7) or not dist.is_available():
+        return False
+    check = getattr(dist.distributed_c10d, "is_xccl_available", None)
+    return bool(check is not None and check())

@@ -178,3 +178,38 @@ def fsdp_v2_wrap(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
 
 def is_fsdp_v2(model: torch.nn.Module) -> bool:
     return False
+
+
+# Where the kit runs without torch_xla (`accel_xla.xla` imports it at the top), the public functions
+# `accel_xla.xla` has; the kit checks this stand-in's names against them (tests/test_conformance.py checks
+# this list against xla.py's source).
+REAL_FUNCTIONS = (
+    "all_reduce_mean",
+    "barrier",
+    "broadcast_master_params",
+    "counters",
+    "device",
+    "device_kind",
+    "device_loader",
+    "empty_like_sharded",
+    "fsdp_v2_wrap",
+    "get_rng_state",
+    "global_mesh",
+    "is_fsdp_v2",
+    "load_sharded",
+    "local_shard_bytes",
+    "manual_seed",
+    "mark_batch_sharding",
+    "mesh_shape",
+    "reduce_gradients",
+    "register_backend",
+    "save_sharded",
+    "set_rng_state",
+    "shard_batches",
+    "sharding_spec",
+    "spmd_mode",
+    "step_only",
+    "sync",
+    "use_spmd",
+    "wrap_policies",
+)
