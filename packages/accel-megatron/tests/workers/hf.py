@@ -1,0 +1,111 @@
+"""Hugging Face GPT-2 and Llama (tiny configs, no download) trained 3 AdamW steps; argv: MODE OUT_DIR.
+
+MODE ref: one process, the plain `transformers` models in an ordinary torch loop (the reference).
+MODE tp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(tp_degree=2, return_logits=True))`:
+`prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in; the steps run
+through `GPTTrainStep` (megatron-core's schedule); `eval_step` returns the loss and full-vocabulary logits;
+`save_model` writes the weights back in Hugging Face layout (with the model's config.json next to them).
+Both modes build each model from the same seed and write per-step losses, the evaluation loss and logits.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+mode, out = sys.argv[1], Path(sys.argv[2])
+STEPS, BATCH, SEQ, VOCAB = 3, 4, 8, 64
+CONFIGS = {
+    "gpt2": GPT2Config(
+        vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    ),
+    # Grouped-query attention (4 heads, 2 key/value groups), untied output layer, non-default rope_theta.
+    "llama": LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+    ),
+}
+
+g = torch.Generator().manual_seed(0)
+tokens = torch.randint(0, VOCAB, (STEPS * BATCH, SEQ), generator=g)
+labels = tokens.clone()
+labels[::2, :3] = -100  # left out of the loss, as Hugging Face's loss does
+samples = [{"input_ids": t, "labels": lab} for t, lab in zip(tokens, labels)]
+eval_batch = {"input_ids": tokens[:BATCH], "labels": labels[:BATCH]}
+
+
+def build(family: str) -> torch.nn.Module:
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(CONFIGS[family], attn_implementation="eager")
+    return model.float()
+
+
+def optimizer_for(params):
+    return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+
+result = {}
+for family in CONFIGS:
+    losses = []
+    if mode == "ref":
+        model = build(family)
+        optimizer = optimizer_for(model.parameters())
+        for i in range(STEPS):
+            batch = {k: torch.stack([s[k] for s in samples[i * BATCH : (i + 1) * BATCH]]) for k in samples[0]}
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        with torch.no_grad():
+            evaluated = model(**eval_batch)
+        result[family] = {"losses": losses, "eval": evaluated.loss.item(), "logits": evaluated.logits.tolist()}
+        final = {k: v.clone() for k, v in model.state_dict().items() if not (k == "lm_head.weight" and family == "gpt2")}
+        save_file(final, str(out / f"{family}_ref.safetensors"))
+        continue
+
+    from accel import Accelerator
+    from accel.distributed.state import AcceleratorState, GradientState
+    from accel_megatron import GPTTrainStep, MegatronPlugin
+    from torch.utils.data import DataLoader
+
+    AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
+    GradientState._reset_state()
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(tp_degree=2, return_logits=True))
+    hf_model = build(family)
+    model = accelerator.prepare(hf_model)
+    optimizer = optimizer_for(model.parameters())
+    optimizer, loader = accelerator.prepare(optimizer, DataLoader(samples, batch_size=BATCH))
+    step = GPTTrainStep(accelerator)
+    for batch in loader:
+        loss = step(model, batch)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
+    target = out / f"{family}_tp"
+    accelerator.save_model(model, target)
+    if accelerator.is_main_process:
+        hf_model.config.save_pretrained(target)
+        shard = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+        result[family] = {
+            "losses": losses,
+            "eval": evaluated["lm loss"].item(),
+            "logits": evaluated["logits"].tolist(),
+            "shard_params": shard,
+            "hf_params": sum(p.numel() for p in hf_model.parameters()),
+        }
+    accelerator.wait_for_everyone()
+
+if mode == "ref" or torch.distributed.get_rank() == 0:
+    (out / f"hf_{mode}.json").write_text(json.dumps(result))
