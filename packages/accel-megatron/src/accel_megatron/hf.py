@@ -109,7 +109,9 @@ def _gelu(config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         return functools.partial(F.gelu, approximate="tanh")
     if name == "gelu":
         return F.gelu
-    raise MegatronConfigError(f"GPT-2 activation_function={name!r} has no megatron-core counterpart here; use 'gelu_new'.")
+    raise MegatronConfigError(
+        f"GPT-2 activation_function={name!r} has no megatron-core counterpart here; use 'gelu_new'."
+    )
 
 
 def _llama_rope(config: Any) -> float:
@@ -117,7 +119,9 @@ def _llama_rope(config: Any) -> float:
     scaling = getattr(config, "rope_scaling", None) or {}
     kind = rope.get("rope_type", scaling.get("rope_type", "default"))
     if kind != "default":
-        raise MegatronConfigError(f"Llama rope_type={kind!r} is not converted here; only the default rotary embedding is.")
+        raise MegatronConfigError(
+            f"Llama rope_type={kind!r} is not converted here; only the default rotary embedding is."
+        )
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
@@ -153,7 +157,11 @@ def model_kwargs(config: Any, plugin: MegatronPlugin) -> tuple[dict[str, Any], d
         }
         gpt = {"max_sequence_length": config.n_positions, "position_embedding_type": "learned_absolute"}
     else:
-        if config.hidden_act != "silu" or getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        if (
+            config.hidden_act != "silu"
+            or getattr(config, "attention_bias", False)
+            or getattr(config, "mlp_bias", False)
+        ):
             raise MegatronConfigError(
                 "Llama with hidden_act other than 'silu', attention_bias or mlp_bias is not converted here; use the "
                 "defaults."
@@ -222,7 +230,11 @@ def _heads(config: Any) -> tuple[int, int, int]:
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Any) -> torch.Tensor:
     heads, groups, dim = _heads(config)
     rest = q.shape[1:]
-    parts = [q.reshape(groups, heads // groups * dim, *rest), k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest)]
+    parts = [
+        q.reshape(groups, heads // groups * dim, *rest),
+        k.reshape(groups, dim, *rest),
+        v.reshape(groups, dim, *rest),
+    ]
     return torch.cat(parts, dim=1).reshape(-1, *rest)
 
 
@@ -248,7 +260,8 @@ def to_megatron(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.
             h, m = f"transformer.h.{i}.", f"decoder.layers.{i}."
             q, k, v = hf[h + "attn.c_attn.weight"].t().chunk(3)
             out[m + "self_attention.linear_qkv.weight"] = _fuse_qkv(q, k, v, config)
-            out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(*hf[h + "attn.c_attn.bias"].chunk(3), config)
+            qb, kb, vb = hf[h + "attn.c_attn.bias"].chunk(3)
+            out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(qb, kb, vb, config)
             out[m + "self_attention.linear_proj.weight"] = hf[h + "attn.c_proj.weight"].t()
             out[m + "self_attention.linear_proj.bias"] = hf[h + "attn.c_proj.bias"]
             out[m + "mlp.linear_fc1.weight"] = hf[h + "mlp.c_fc.weight"].t()
@@ -289,7 +302,9 @@ def to_hf(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor
         out["transformer.wpe.weight"] = mg["embedding.position_embeddings.weight"]
         for i in range(_layer_count(config)):
             h, m = f"transformer.h.{i}.", f"decoder.layers.{i}."
-            out[h + "attn.c_attn.weight"] = torch.cat(_split_qkv(mg[m + "self_attention.linear_qkv.weight"], config)).t()
+            out[h + "attn.c_attn.weight"] = torch.cat(
+                _split_qkv(mg[m + "self_attention.linear_qkv.weight"], config)
+            ).t()
             out[h + "attn.c_attn.bias"] = torch.cat(_split_qkv(mg[m + "self_attention.linear_qkv.bias"], config))
             out[h + "attn.c_proj.weight"] = mg[m + "self_attention.linear_proj.weight"].t()
             out[h + "attn.c_proj.bias"] = mg[m + "self_attention.linear_proj.bias"]
@@ -307,7 +322,11 @@ def to_hf(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor
         for i in range(_layer_count(config)):
             h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
             q, k, v = _split_qkv(mg[m + "self_attention.linear_qkv.weight"], config)
-            out |= {h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k, h + "self_attn.v_proj.weight": v}
+            out |= {
+                h + "self_attn.q_proj.weight": q,
+                h + "self_attn.k_proj.weight": k,
+                h + "self_attn.v_proj.weight": v,
+            }
             out[h + "self_attn.o_proj.weight"] = mg[m + "self_attention.linear_proj.weight"]
             gate, up = mg[m + "mlp.linear_fc1.weight"].chunk(2)
             out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up

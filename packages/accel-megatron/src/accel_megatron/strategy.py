@@ -135,8 +135,9 @@ class MegatronStrategy(Strategy):
             stages = model.build()
             if ctx.device_placement:
                 stages = [stage.to(ctx.device) for stage in stages]
-            for stage in stages if hf_weights is not None else []:
-                checkpoint.load_full_state_dict(stage, hf_weights)
+            if hf_weights is not None:
+                for stage in stages:
+                    checkpoint.load_full_state_dict(stage, hf_weights)
         else:
             stages = [model]
         wrapped = []

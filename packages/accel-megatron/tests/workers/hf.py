@@ -20,7 +20,16 @@ mode, out = sys.argv[1], Path(sys.argv[2])
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 8, 64
 CONFIGS = {
     "gpt2": GPT2Config(
-        vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     ),
     # Grouped-query attention (4 heads, 2 key/value groups), untied output layer, non-default rope_theta.
     "llama": LlamaConfig(
@@ -70,7 +79,9 @@ for family in CONFIGS:
         with torch.no_grad():
             evaluated = model(**eval_batch)
         result[family] = {"losses": losses, "eval": evaluated.loss.item(), "logits": evaluated.logits.tolist()}
-        final = {k: v.clone() for k, v in model.state_dict().items() if not (k == "lm_head.weight" and family == "gpt2")}
+        final = {
+            k: v.clone() for k, v in model.state_dict().items() if not (k == "lm_head.weight" and family == "gpt2")
+        }
         save_file(final, str(out / f"{family}_ref.safetensors"))
         continue
 
@@ -107,5 +118,6 @@ for family in CONFIGS:
         }
     accelerator.wait_for_everyone()
 
+result["eval_ids"] = eval_batch["input_ids"].tolist()
 if mode == "ref" or torch.distributed.get_rank() == 0:
     (out / f"hf_{mode}.json").write_text(json.dumps(result))

@@ -1,0 +1,104 @@
+"""Hugging Face models through megatron-core, as Accelerate's MegatronLMPlugin users train them: a tiny GPT-2 and a
+tiny Llama (grouped-query attention, SwiGLU, RMSNorm, rotary, untied head) built from `transformers` configs,
+prepared under TP=2 on 2 gloo processes, trained with `GPTTrainStep`, evaluated with `eval_step`, saved with
+`save_model` and loaded back with `from_pretrained`, against the plain `transformers` models trained on one process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import WORKERS, run_launch
+from safetensors.torch import load_file
+
+pytest.importorskip("megatron.core")
+transformers = pytest.importorskip("transformers")
+
+
+def test_gpt2_and_llama_under_tp2_match_transformers_on_one_process(tmp_path: Path) -> None:
+    run_launch(WORKERS / "hf.py", "ref", str(tmp_path), nproc=1)
+    run_launch(WORKERS / "hf.py", "tp", str(tmp_path))
+    ref = json.loads((tmp_path / "hf_ref.json").read_text())
+    got = json.loads((tmp_path / "hf_tp.json").read_text())
+    for family in ("gpt2", "llama"):
+        assert got[family]["losses"] == pytest.approx(ref[family]["losses"], rel=1e-5), family
+        assert got[family]["eval"] == pytest.approx(ref[family]["eval"], rel=1e-5), family
+        # eval_step's logits: the whole batch over the full vocabulary, gathered over the tensor-parallel ranks.
+        logits = torch.tensor(got[family]["logits"])
+        torch.testing.assert_close(logits, torch.tensor(ref[family]["logits"]), rtol=0, atol=1e-4, msg=family)
+        assert got[family]["shard_params"] < 0.6 * got[family]["hf_params"], "each process holds half the weights"
+
+        # save_model: Hugging Face names and layouts (Conv1D, separate q/k/v, gate/up), loadable by transformers.
+        plain = load_file(str(tmp_path / f"{family}_ref.safetensors"))
+        merged = load_file(str(tmp_path / f"{family}_tp" / "model.safetensors"))
+        assert set(merged) == set(plain), family
+        for name, value in plain.items():
+            assert merged[name].shape == value.shape, name
+            torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-4, msg=name)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path / f"{family}_tp", attn_implementation="eager"
+        )
+        assert loaded.config.vocab_size == logits.shape[-1]
+        with torch.no_grad():
+            reloaded = loaded(input_ids=torch.tensor(ref["eval_ids"])).logits
+        torch.testing.assert_close(reloaded, torch.tensor(ref[family]["logits"]), rtol=0, atol=1e-4, msg=family)
+
+
+def test_model_parsers_give_accelerates_megatron_arguments() -> None:
+    from accel_megatron import MegatronPlugin
+    from accel_megatron.hf import megatron_args
+
+    gpt2 = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    args = megatron_args(gpt2, MegatronPlugin(return_logits=True))
+    assert args["num_layers"] == 2 and args["hidden_size"] == 32 and args["num_attention_heads"] == 4
+    assert (args["max_position_embeddings"], args["orig_vocab_size"], args["seq_length"]) == (16, 64, 16)
+    assert (args["model_type_name"], args["tokenizer_type"], args["return_logits"]) == ("gpt", "GPT2BPETokenizer", True)
+    llama = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+    )
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    args = megatron_args(llama, MegatronPlugin(), batch_data=batch)
+    assert (args["num_layers"], args["seq_length"], args["tokenizer_type"]) == (3, 8, "Llama2Tokenizer")
+    assert megatron_args(llama, MegatronPlugin(seq_length=12))["seq_length"] == 12
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        ("BertConfig", "'bert' is not supported: megatron-core 0.16 has no BERT model"),
+        ("T5Config", "'t5' is not supported: megatron-core 0.16's T5Model needs Transformer Engine"),
+        ("OPTConfig", "'opt' has no megatron-core conversion here (GPT-2 and Llama do)"),
+    ],
+)
+def test_prepare_refuses_other_hugging_face_models_by_name(megatron_world: None, config: str, reason: str) -> None:
+    from accel import Accelerator
+    from accel_megatron import MegatronConfigError, MegatronPlugin
+
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin())
+    kwargs = {"vocab_size": 64, "d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 32, "d_kv": 16}
+    if config != "T5Config":
+        kwargs = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+        kwargs |= {"intermediate_size": 32} if config == "BertConfig" else {"ffn_dim": 32}
+    model = transformers.AutoModel.from_config(getattr(transformers, config)(**kwargs))
+    with pytest.raises(MegatronConfigError, match=re.escape(reason)):
+        accelerator.prepare(model)
+
+
+def test_vocabulary_not_divisible_by_tp_is_refused() -> None:
+    from accel_megatron import MegatronConfigError, MegatronPlugin
+    from accel_megatron.hf import model_kwargs
+
+    config = transformers.GPT2Config(vocab_size=63, n_positions=16, n_embd=32, n_layer=1, n_head=4)
+    with pytest.raises(
+        MegatronConfigError, match=r"vocab_size 63 is not divisible by tp_degree 2.*resize_token_embeddings"
+    ):
+        model_kwargs(config, MegatronPlugin(tp_degree=2))
