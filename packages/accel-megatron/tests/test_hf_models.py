@@ -1,7 +1,8 @@
-"""Hugging Face models through megatron-core, as Accelerate's MegatronLMPlugin users train them: a tiny GPT-2 and a
-tiny Llama (grouped-query attention, SwiGLU, RMSNorm, rotary, untied head) built from `transformers` configs,
-prepared under TP=2 on 2 gloo processes, trained with `GPTTrainStep`, evaluated with `eval_step`, saved with
-`save_model` and loaded back with `from_pretrained`, against the plain `transformers` models trained on one process.
+"""Hugging Face models through megatron-core, as Accelerate's MegatronLMPlugin users train them: a tiny GPT-2 (tied
+embeddings, under PP=2) and a tiny Llama (grouped-query attention, SwiGLU, RMSNorm, rotary, untied head, under TP=2)
+built from `transformers` configs, prepared on 2 gloo processes, trained with `GPTTrainStep`, evaluated with
+`eval_step`, saved with `save_model` and loaded back with `from_pretrained`, against the plain `transformers` models
+trained on one process.
 """
 
 from __future__ import annotations
@@ -19,28 +20,29 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
 
-def test_gpt2_and_llama_under_tp2_match_transformers_on_one_process(tmp_path: Path) -> None:
+def test_gpt2_under_pp2_and_llama_under_tp2_match_transformers_on_one_process(tmp_path: Path) -> None:
     run_launch(WORKERS / "hf.py", "ref", str(tmp_path), nproc=1)
-    run_launch(WORKERS / "hf.py", "tp", str(tmp_path))
-    ref = json.loads((tmp_path / "hf_ref.json").read_text())
-    got = json.loads((tmp_path / "hf_tp.json").read_text())
+    run_launch(WORKERS / "hf.py", "mp", str(tmp_path))
+    ref = json.loads((tmp_path / "hf_ref_0.json").read_text())
+    ranks = [json.loads((tmp_path / f"hf_mp_{r}.json").read_text()) for r in (0, 1)]
     for family in ("gpt2", "llama"):
-        assert got[family]["losses"] == pytest.approx(ref[family]["losses"], rel=1e-5), family
-        assert got[family]["eval"] == pytest.approx(ref[family]["eval"], rel=1e-5), family
-        # eval_step's logits: the whole batch over the full vocabulary, gathered over the tensor-parallel ranks.
-        logits = torch.tensor(got[family]["logits"])
+        for got in ranks:  # every process returns the step's loss (PP: broadcast from the last stage)
+            assert got[family]["losses"] == pytest.approx(ref[family]["losses"], rel=1e-5), family
+            assert got[family]["eval"] == pytest.approx(ref[family]["eval"], rel=1e-5), family
+            assert got[family]["shard_params"] < 0.6 * got[family]["hf_params"], "each process holds a part"
+        # eval_step's logits (last pipeline stage): the whole batch over the full vocabulary, gathered over TP.
+        logits = torch.tensor(ranks[1][family]["logits"])
         torch.testing.assert_close(logits, torch.tensor(ref[family]["logits"]), rtol=0, atol=1e-4, msg=family)
-        assert got[family]["shard_params"] < 0.6 * got[family]["hf_params"], "each process holds half the weights"
 
         # save_model: Hugging Face names and layouts (Conv1D, separate q/k/v, gate/up), loadable by transformers.
         plain = load_file(str(tmp_path / f"{family}_ref.safetensors"))
-        merged = load_file(str(tmp_path / f"{family}_tp" / "model.safetensors"))
+        merged = load_file(str(tmp_path / f"{family}_mp" / "model.safetensors"))
         assert set(merged) == set(plain), family
         for name, value in plain.items():
             assert merged[name].shape == value.shape, name
             torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-4, msg=name)
         loaded = transformers.AutoModelForCausalLM.from_pretrained(
-            tmp_path / f"{family}_tp", attn_implementation="eager"
+            tmp_path / f"{family}_mp", attn_implementation="eager"
         )
         assert loaded.config.vocab_size == logits.shape[-1]
         with torch.no_grad():

@@ -287,8 +287,8 @@ def to_megatron(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.
             out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
         head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
-    if not config.tie_word_embeddings:
-        out["output_layer.weight"] = head
+    # Tied: the last pipeline stage keeps its own copy of the embedding as output layer (unused otherwise).
+    out["output_layer.weight"] = head
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -132,7 +132,8 @@ class MegatronStrategy(Strategy):
             hf_weights = hf.to_megatron(model.state_dict(), model.config)
             model = parallel.ModelProvider(hf.provider(model.config, self.plugin))
         if isinstance(model, parallel.ModelProvider):
-            stages = model.build()
+            with parallel.on_device(ctx.device):  # tied embeddings under PP: megatron-core moves them with .cuda()
+                stages = model.build()
             if ctx.device_placement:
                 stages = [stage.to(ctx.device) for stage in stages]
             if hf_weights is not None:

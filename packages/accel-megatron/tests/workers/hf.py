@@ -1,11 +1,13 @@
 """Hugging Face GPT-2 and Llama (tiny configs, no download) trained 3 AdamW steps; argv: MODE OUT_DIR.
 
 MODE ref: one process, the plain `transformers` models in an ordinary torch loop (the reference).
-MODE tp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(tp_degree=2, return_logits=True))`:
+MODE mp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(..., return_logits=True))`, GPT-2 under PP=2
+(2 micro-batches) and Llama under TP=2:
 `prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in; the steps run
 through `GPTTrainStep` (megatron-core's schedule); `eval_step` returns the loss and full-vocabulary logits;
 `save_model` writes the weights back in Hugging Face layout (with the model's config.json next to them).
-Both modes build each model from the same seed and write per-step losses, the evaluation loss and logits.
+Both modes build each model from the same seed; each process writes its per-step losses, the evaluation loss and
+logits (hf_MODE_RANK.json).
 """
 
 import json
@@ -53,6 +55,11 @@ samples = [{"input_ids": t, "labels": lab} for t, lab in zip(tokens, labels)]
 eval_batch = {"input_ids": tokens[:BATCH], "labels": labels[:BATCH]}
 
 
+# 2 processes: GPT-2 under PP=2 (its tied embedding on both stages), Llama under TP=2 (q/k/v groups and the SwiGLU
+# gate/up halves split over the ranks).
+LAYOUTS = {"gpt2": {"pp_degree": 2, "num_micro_batches": 2}, "llama": {"tp_degree": 2}}
+
+
 def build(family: str) -> torch.nn.Module:
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(CONFIGS[family], attn_implementation="eager")
@@ -92,7 +99,10 @@ for family in CONFIGS:
 
     AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
     GradientState._reset_state()
-    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(tp_degree=2, return_logits=True))
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()  # each model its own layout
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(**LAYOUTS[family], return_logits=True))
     hf_model = build(family)
     model = accelerator.prepare(hf_model)
     optimizer = optimizer_for(model.parameters())
@@ -104,20 +114,19 @@ for family in CONFIGS:
         optimizer.zero_grad()
         losses.append(loss.item())
     evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
-    target = out / f"{family}_tp"
+    target = out / f"{family}_{mode}"
     accelerator.save_model(model, target)
     if accelerator.is_main_process:
         hf_model.config.save_pretrained(target)
-        shard = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
-        result[family] = {
-            "losses": losses,
-            "eval": evaluated["lm loss"].item(),
-            "logits": evaluated["logits"].tolist(),
-            "shard_params": shard,
-            "hf_params": sum(p.numel() for p in hf_model.parameters()),
-        }
+    result[family] = {
+        "losses": losses,
+        "eval": evaluated["lm loss"].item(),
+        "logits": evaluated["logits"].tolist() if "logits" in evaluated else None,  # last pipeline stage only
+        "shard_params": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
+        "hf_params": sum(p.numel() for p in hf_model.parameters()),
+    }
     accelerator.wait_for_everyone()
 
 result["eval_ids"] = eval_batch["input_ids"].tolist()
-if mode == "ref" or torch.distributed.get_rank() == 0:
-    (out / f"hf_{mode}.json").write_text(json.dumps(result))
+rank = 0 if mode == "ref" else torch.distributed.get_rank()
+(out / f"hf_{mode}_{rank}.json").write_text(json.dumps(result))
