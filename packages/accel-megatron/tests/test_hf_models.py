@@ -104,3 +104,15 @@ def test_vocabulary_not_divisible_by_tp_is_refused() -> None:
         MegatronConfigError, match=r"vocab_size 63 is not divisible by tp_degree 2.*resize_token_embeddings"
     ):
         model_kwargs(config, MegatronPlugin(tp_degree=2))
+
+
+def test_gpt_train_step_refuses_left_padding() -> None:
+    """Its attention is causal only: right padding (labelled -100) gives the Hugging Face loss, left padding would not."""
+    from accel_megatron import GPTTrainStep, MegatronConfigError
+
+    batch = {
+        "input_ids": torch.ones(2, 4, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]),
+    }
+    with pytest.raises(MegatronConfigError, match="pad on the right"):
+        GPTTrainStep.forward_fn(torch.nn.Identity(), batch)

@@ -374,6 +374,12 @@ class GPTTrainStep:
     def forward_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """This stage's output; on the last stage the logits over this process's vocabulary shard `[b, s, v/tp]`."""
         tokens = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        if mask is not None and bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise MegatronConfigError(
+                "GPTTrainStep runs causal attention without a padding mask: pad on the right (tokenizer padding_side="
+                "'right') and label the padding -100."
+            )
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
         return model(tokens, positions, None)  # type: ignore[no-any-return]  # causal: megatron-core builds the mask
 
