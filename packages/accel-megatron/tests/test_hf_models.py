@@ -7,6 +7,7 @@ trained on one process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -21,7 +22,11 @@ transformers = pytest.importorskip("transformers")
 
 
 def test_gpt2_under_pp2_and_llama_under_tp2_match_transformers_on_one_process(tmp_path: Path) -> None:
-    run_launch(WORKERS / "hf.py", "ref", str(tmp_path), nproc=1)
+    spec = importlib.util.spec_from_file_location("hf_worker", WORKERS / "hf.py")
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    worker.reference(tmp_path)  # the plain transformers models, here on one process
     run_launch(WORKERS / "hf.py", "mp", str(tmp_path))
     ref = json.loads((tmp_path / "hf_ref_0.json").read_text())
     ranks = [json.loads((tmp_path / f"hf_mp_{r}.json").read_text()) for r in (0, 1)]

@@ -1,6 +1,7 @@
 """Hugging Face GPT-2 and Llama (tiny configs, no download) trained 3 AdamW steps; argv: MODE OUT_DIR.
 
-MODE ref: one process, the plain `transformers` models in an ordinary torch loop (the reference).
+MODE ref (`reference`, which the test runs in its own process): the plain `transformers` models in an ordinary
+torch loop on one process (the reference).
 MODE mp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(..., return_logits=True))`, GPT-2 under PP=2
 (2 micro-batches) and Llama under TP=2:
 `prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in; the steps run
@@ -18,7 +19,6 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
-mode, out = sys.argv[1], Path(sys.argv[2])
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 8, 64
 CONFIGS = {
     "gpt2": GPT2Config(
@@ -70,12 +70,13 @@ def optimizer_for(params):
     return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
 
-result = {}
-for family in CONFIGS:
-    losses = []
-    if mode == "ref":
+def reference(out: Path) -> None:
+    """The plain `transformers` models trained in an ordinary torch loop on this one process."""
+    result = {}
+    for family in CONFIGS:
         model = build(family)
         optimizer = optimizer_for(model.parameters())
+        losses = []
         for i in range(STEPS):
             batch = {k: torch.stack([s[k] for s in samples[i * BATCH : (i + 1) * BATCH]]) for k in samples[0]}
             loss = model(**batch).loss
@@ -86,47 +87,53 @@ for family in CONFIGS:
         with torch.no_grad():
             evaluated = model(**eval_batch)
         result[family] = {"losses": losses, "eval": evaluated.loss.item(), "logits": evaluated.logits.tolist()}
-        final = {
-            k: v.clone() for k, v in model.state_dict().items() if not (k == "lm_head.weight" and family == "gpt2")
-        }
+        tied = family == "gpt2"  # save_pretrained leaves the tied head out
+        final = {k: v.clone() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
         save_file(final, str(out / f"{family}_ref.safetensors"))
-        continue
+    result["eval_ids"] = eval_batch["input_ids"].tolist()
+    (out / "hf_ref_0.json").write_text(json.dumps(result))
 
+
+def model_parallel(out: Path) -> None:
+    """Each model through `Accelerator(megatron_lm_plugin=...)` in its LAYOUTS entry (2 processes)."""
     from accel import Accelerator
     from accel.distributed.state import AcceleratorState, GradientState
     from accel_megatron import GPTTrainStep, MegatronPlugin
+    from megatron.core import parallel_state
     from torch.utils.data import DataLoader
 
-    AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
-    GradientState._reset_state()
-    from megatron.core import parallel_state
+    result = {}
+    for family in CONFIGS:
+        AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
+        GradientState._reset_state()
+        parallel_state.destroy_model_parallel()  # each model its own layout
+        accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(**LAYOUTS[family], return_logits=True))
+        hf_model = build(family)
+        model = accelerator.prepare(hf_model)
+        optimizer = optimizer_for(model.parameters())
+        optimizer, loader = accelerator.prepare(optimizer, DataLoader(samples, batch_size=BATCH))
+        step = GPTTrainStep(accelerator)
+        losses = []
+        for batch in loader:
+            loss = step(model, batch)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
+        target = out / f"{family}_mp"
+        accelerator.save_model(model, target)
+        if accelerator.is_main_process:
+            hf_model.config.save_pretrained(target)
+        result[family] = {
+            "losses": losses,
+            "eval": evaluated["lm loss"].item(),
+            "logits": evaluated["logits"].tolist() if "logits" in evaluated else None,  # last pipeline stage only
+            "shard_params": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
+            "hf_params": sum(p.numel() for p in hf_model.parameters()),
+        }
+        accelerator.wait_for_everyone()
+    (out / f"hf_mp_{accelerator.process_index}.json").write_text(json.dumps(result))
 
-    parallel_state.destroy_model_parallel()  # each model its own layout
-    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(**LAYOUTS[family], return_logits=True))
-    hf_model = build(family)
-    model = accelerator.prepare(hf_model)
-    optimizer = optimizer_for(model.parameters())
-    optimizer, loader = accelerator.prepare(optimizer, DataLoader(samples, batch_size=BATCH))
-    step = GPTTrainStep(accelerator)
-    for batch in loader:
-        loss = step(model, batch)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
-    target = out / f"{family}_{mode}"
-    accelerator.save_model(model, target)
-    if accelerator.is_main_process:
-        hf_model.config.save_pretrained(target)
-    result[family] = {
-        "losses": losses,
-        "eval": evaluated["lm loss"].item(),
-        "logits": evaluated["logits"].tolist() if "logits" in evaluated else None,  # last pipeline stage only
-        "shard_params": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
-        "hf_params": sum(p.numel() for p in hf_model.parameters()),
-    }
-    accelerator.wait_for_everyone()
 
-result["eval_ids"] = eval_batch["input_ids"].tolist()
-rank = 0 if mode == "ref" else torch.distributed.get_rank()
-(out / f"hf_{mode}_{rank}.json").write_text(json.dumps(result))
+if __name__ == "__main__":
+    (reference if sys.argv[1] == "ref" else model_parallel)(Path(sys.argv[2]))
