@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
 
-def test_gpt2_under_pp2_and_llama_under_tp2_match_transformers_on_one_process(tmp_path: Path) -> None:
+def test_gpt2_under_pp2_and_llama_under_tp2_and_dp2_match_transformers_on_one_process(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("hf_worker", WORKERS / "hf.py")
     assert spec is not None and spec.loader is not None
     worker = importlib.util.module_from_spec(spec)
@@ -30,6 +30,10 @@ def test_gpt2_under_pp2_and_llama_under_tp2_match_transformers_on_one_process(tm
     run_launch(WORKERS / "hf.py", "mp", str(tmp_path))
     ref = json.loads((tmp_path / "hf_ref_0.json").read_text())
     ranks = [json.loads((tmp_path / f"hf_mp_{r}.json").read_text()) for r in (0, 1)]
+    # Data parallelism 2 (each replica half of every batch): GPTTrainStep's loss is averaged over the replicas.
+    for got in ranks:
+        assert got["llama_dp"]["losses"] == pytest.approx(ref["llama"]["losses"], rel=1e-5)
+        assert got["llama_dp"]["eval"] == pytest.approx(ref["llama"]["eval"], rel=1e-5)
     for family in ("gpt2", "llama"):
         for got in ranks:  # every process returns the step's loss (PP: broadcast from the last stage)
             assert got[family]["losses"] == pytest.approx(ref[family]["losses"], rel=1e-5), family

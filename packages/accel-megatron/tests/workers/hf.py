@@ -3,7 +3,7 @@
 MODE ref (`reference`, which the test runs in its own process): the plain `transformers` models in an ordinary
 torch loop on one process (the reference).
 MODE mp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(..., return_logits=True))`, GPT-2 under PP=2
-(2 micro-batches) and Llama under TP=2:
+(2 micro-batches), Llama under TP=2 and under DP=2:
 `prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in; the steps run
 through `GPTTrainStep` (megatron-core's schedule); `eval_step` returns the loss and full-vocabulary logits;
 `save_model` writes the weights back in Hugging Face layout (with the model's config.json next to them).
@@ -57,7 +57,12 @@ eval_batch = {"input_ids": tokens[:BATCH], "labels": labels[:BATCH]}
 
 # 2 processes: GPT-2 under PP=2 (its tied embedding on both stages), Llama under TP=2 (q/k/v groups and the SwiGLU
 # gate/up halves split over the ranks).
-LAYOUTS = {"gpt2": {"pp_degree": 2, "num_micro_batches": 2}, "llama": {"tp_degree": 2}}
+# llama_dp: data parallelism 2, each replica half of every batch (split_batches), the loss averaged over replicas.
+LAYOUTS = {
+    "gpt2": {"pp_degree": 2, "num_micro_batches": 2},
+    "llama": {"tp_degree": 2},
+    "llama_dp": {},
+}
 
 
 def build(family: str) -> torch.nn.Module:
@@ -103,11 +108,13 @@ def model_parallel(out: Path) -> None:
     from torch.utils.data import DataLoader
 
     result = {}
-    for family in CONFIGS:
+    for run, layout in LAYOUTS.items():
+        family = run.removesuffix("_dp")
         AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
         GradientState._reset_state()
         parallel_state.destroy_model_parallel()  # each model its own layout
-        accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(**LAYOUTS[family], return_logits=True))
+        plugin = MegatronPlugin(**layout, return_logits=True)
+        accelerator = Accelerator(megatron_lm_plugin=plugin, split_batches=run.endswith("_dp"))
         hf_model = build(family)
         model = accelerator.prepare(hf_model)
         optimizer = optimizer_for(model.parameters())
@@ -120,11 +127,11 @@ def model_parallel(out: Path) -> None:
             optimizer.zero_grad()
             losses.append(loss.item())
         evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
-        target = out / f"{family}_mp"
+        target = out / f"{run}_mp"
         accelerator.save_model(model, target)
         if accelerator.is_main_process:
             hf_model.config.save_pretrained(target)
-        result[family] = {
+        result[run] = {
             "losses": losses,
             "eval": evaluated["lm loss"].item(),
             "logits": evaluated["logits"].tolist() if "logits" in evaluated else None,  # last pipeline stage only
