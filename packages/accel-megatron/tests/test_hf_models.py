@@ -85,8 +85,8 @@ def test_model_parsers_give_accelerates_megatron_arguments() -> None:
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        ("BertConfig", "'bert' is not supported: megatron-core 0.16 has no BERT model"),
-        ("T5Config", "'t5' is not supported: megatron-core 0.16's T5Model needs Transformer Engine"),
+        ("BertConfig", "'bert' is not supported: megatron-core's BertModel is a pre-LayerNorm transformer"),
+        ("T5Config", "'t5' is not supported: its conversion is not implemented"),
         ("OPTConfig", "'opt' has no megatron-core conversion here (GPT-2 and Llama do)"),
     ],
 )

@@ -34,10 +34,12 @@ HF_CONFIG = "_accel_hf_config"
 
 # Accelerate 1.15's parsers this package refuses, with the reason.
 _REFUSED = {
-    "bert": "megatron-core 0.16 has no BERT model (Megatron-LM's BertModel and BertTrainStep are not in it)",
-    "t5": "megatron-core 0.16's T5Model needs Transformer Engine and an encoder/decoder pipeline split, which "
-    "accel-megatron does not run",
-    "glm4_moe": "its megatron-core mapping needs Transformer Engine's grouped GEMM and fused kernels (CUDA)",
+    "bert": "megatron-core's BertModel is a pre-LayerNorm transformer and Hugging Face BERT is post-LayerNorm, so "
+    "its weights do not compute the same network there",
+    "t5": "its conversion is not implemented (megatron-core 0.16 has a T5Model, but Hugging Face T5's unscaled "
+    "attention, shared relative position bias and T5TrainStep are not mapped here)",
+    "glm4_moe": "Accelerate's GLM4-MoE mapping uses grouped-GEMM experts, fused permutation and flash attention "
+    "(CUDA/Transformer Engine); it is not converted here",
 }
 _SUPPORTED = ("gpt2", "llama")
 
