@@ -104,14 +104,20 @@ def test_prepare_refuses_other_hugging_face_models_by_name(megatron_world: None,
         accelerator.prepare(model)
 
 
-def test_vocabulary_not_divisible_by_tp_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"vocab_size": 63}, r"vocab_size 63 is not divisible by tp_degree 2.*resize_token_embeddings"),
+        ({"embd_pdrop": 0.0}, r"embd_pdrop \(0.0\) differs from resid_pdrop \(0.1\).*set them equal"),
+        ({"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True.*use the defaults"),
+    ],
+)
+def test_gpt2_options_without_a_megatron_counterpart_are_refused(options: dict, message: str) -> None:
     from accel_megatron import MegatronConfigError, MegatronPlugin
     from accel_megatron.hf import model_kwargs
 
-    config = transformers.GPT2Config(vocab_size=63, n_positions=16, n_embd=32, n_layer=1, n_head=4)
-    with pytest.raises(
-        MegatronConfigError, match=r"vocab_size 63 is not divisible by tp_degree 2.*resize_token_embeddings"
-    ):
+    config = transformers.GPT2Config(**{"vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 4, **options})
+    with pytest.raises(MegatronConfigError, match=message):
         model_kwargs(config, MegatronPlugin(tp_degree=2))
 
 

@@ -146,6 +146,11 @@ def model_kwargs(config: Any, plugin: MegatronPlugin) -> tuple[dict[str, Any], d
                 "GPT-2 scale_attn_by_inverse_layer_idx=True / scale_attn_weights=False have no megatron-core "
                 "counterpart; use the defaults."
             )
+        if config.embd_pdrop != config.resid_pdrop:
+            raise MegatronConfigError(
+                f"GPT-2 embd_pdrop ({config.embd_pdrop}) differs from resid_pdrop ({config.resid_pdrop}): megatron-core "
+                "uses one hidden_dropout for both; set them equal."
+            )
         tc = {
             "num_layers": config.n_layer,
             "hidden_size": config.n_embd,
