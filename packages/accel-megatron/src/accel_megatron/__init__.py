@@ -1,6 +1,7 @@
 """accel-megatron: megatron-core tensor and pipeline parallelism behind `accel.Accelerator`."""
 
 from .data import MegatronLMDummyDataLoader
+from .hf import GPTTrainStep
 from .optim import MegatronLMDummyScheduler
 from .parallel import ModelChunks, ModelProvider
 from .plugin import MegatronConfigError, MegatronPlugin
@@ -8,6 +9,7 @@ from .strategy import MegatronStrategy
 from .utils import avg_losses_across_data_parallel_group, gather_across_data_parallel_groups
 
 __all__ = [
+    "GPTTrainStep",
     "MegatronConfigError",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",

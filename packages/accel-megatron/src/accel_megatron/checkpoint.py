@@ -90,11 +90,9 @@ def _global_name(local_key: str, offsets: tuple[int, ...]) -> str:
 
 def _shards(module: nn.Module) -> list[tuple[str, tuple[int, ...], tuple[int, ...], torch.Tensor]]:
     """(global name, global shape, offset, data) of the shards this process is the main copy of."""
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
     out = []
-    for key, entry in module.sharded_state_dict().items():  # type: ignore[operator]
-        if not isinstance(entry, ShardedTensor) or entry.flattened_range is not None:
+    for key, entry in _tensors(module):
+        if entry.flattened_range is not None:
             continue
         replica = entry.replica_id if isinstance(entry.replica_id, tuple) else (entry.replica_id,)
         if any(replica):
@@ -103,6 +101,20 @@ def _shards(module: nn.Module) -> list[tuple[str, tuple[int, ...], tuple[int, ..
         name = _global_name(key, tuple(entry.global_offset[:n]))
         data = entry.data.detach().to("cpu", copy=True)
         out.append((name, tuple(entry.global_shape[n:]), tuple(entry.global_offset[n:]), data))
+    return out
+
+
+def _tensors(module: nn.Module) -> list[tuple[str, Any]]:
+    """(state-dict key, `ShardedTensor`) of the module, with megatron-core's factories built (a SwiGLU
+    `linear_fc1` is two: its gate and up halves, each sharded over the tensor-parallel group)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    out: list[tuple[str, Any]] = []
+    for key, entry in module.sharded_state_dict().items():  # type: ignore[operator]
+        if isinstance(entry, ShardedTensorFactory):
+            out.extend((key, t) for t in entry.build() if isinstance(t, ShardedTensor))
+        elif isinstance(entry, ShardedTensor):
+            out.append((key, entry))
     return out
 
 
@@ -132,21 +144,25 @@ def load_full_state_dict(module: nn.Module, state_dict: dict[str, torch.Tensor],
     Raises:
         KeyError: with `strict`, a weight of this shard is missing from `state_dict`.
     """
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     local = module.state_dict(keep_vars=True)
     for key, entry in module.sharded_state_dict().items():  # type: ignore[operator]
-        if not isinstance(entry, ShardedTensor) or key not in local:
+        if key not in local:
             continue
-        n = entry.prepend_axis_num
-        name = _global_name(key, tuple(entry.global_offset[:n]))
+        # A factory (SwiGLU's fc1): its pieces cut from the full tensor, then merged as megatron-core loads them.
+        parts = entry.build() if isinstance(entry, ShardedTensorFactory) else [entry]
+        if not all(isinstance(p, ShardedTensor) for p in parts):
+            continue
+        n = parts[0].prepend_axis_num
+        name = _global_name(key, tuple(parts[0].global_offset[:n]))
         if name not in state_dict:
             if strict:
                 raise KeyError(f"{name} is missing from the state dict (strict=True).")
             continue
-        piece = state_dict[name][_slices(tuple(entry.global_offset[n:]), entry.data.shape)]
+        pieces = [state_dict[name][_slices(tuple(p.global_offset[n:]), p.data.shape)] for p in parts]
         with torch.no_grad():
-            local[key].copy_(piece)
+            local[key].copy_(entry.merge_fn(pieces) if isinstance(entry, ShardedTensorFactory) else pieces[0])
 
 
 def _chunk_key(model: int, chunk: int) -> str:

@@ -121,8 +121,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
 
         with self._redirect():
             if self._ready is None:
-                for model in self.models:
-                    model.finish_grad_sync()  # type: ignore[operator]
+                _finalize_grads(self.models)
                 found_inf = bool(self.inner.prepare_grads())
                 self._ready = (found_inf, 0.0)
             if self._ready[0]:
@@ -160,8 +159,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
         zeros = None
         with self._redirect():
             if self._ready is None:
-                for model in self.models:
-                    model.finish_grad_sync()  # type: ignore[operator]
+                _finalize_grads(self.models)
                 ok, grad_norm, zeros = self.inner.step()
             else:  # clip_grad_norm_ prepared (and clipped) the gradients already
                 found_inf, grad_norm = self._ready
@@ -495,3 +493,12 @@ class MegatronScheduler:
         # scheduler); resuming a scheduler that has already stepped must start from zero.
         self.inner.num_steps = 0
         self.inner.load_state_dict(state_dict)
+
+
+def _finalize_grads(models: list[Any]) -> None:
+    """megatron-core's gradient finalisation before a step: the data-parallel reduction of every chunk, then the
+    all-reduce of a tied word embedding's gradient between the first and last pipeline stages (and of sequence-
+    parallel norm gradients), as its training loop does."""
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    finalize_model_grads(models)

@@ -17,7 +17,7 @@ import torch
 from accel.strategies.base import Strategy
 from torch import nn
 
-from . import checkpoint, parallel, schedule
+from . import checkpoint, hf, parallel, schedule
 from .data import DatasetsBuilder, MegatronLMDummyDataLoader
 from .optim import (
     MegatronLMDummyScheduler,
@@ -125,10 +125,20 @@ class MegatronStrategy(Strategy):
         provider = self.plugin.custom_model_provider_function
         if provider is not None and not isinstance(model, parallel.ModelProvider) and not _is_megatron_module(model):
             model = parallel.ModelProvider(provider)  # Accelerate: it builds the model in place of the one given
+        hf_weights = None
+        if provider is None and hf.is_hf_model(model):
+            # Accelerate's model parsers: the Hugging Face config gives the megatron-core network; its weights
+            # are converted into megatron-core's layout and loaded into this process's shards.
+            hf_weights = hf.to_megatron(model.state_dict(), model.config)
+            model = parallel.ModelProvider(hf.provider(model.config, self.plugin))
         if isinstance(model, parallel.ModelProvider):
-            stages = model.build()
+            with parallel.on_device(ctx.device):  # tied embeddings under PP: megatron-core moves them with .cuda()
+                stages = model.build()
             if ctx.device_placement:
                 stages = [stage.to(ctx.device) for stage in stages]
+            if hf_weights is not None:
+                for stage in stages:
+                    checkpoint.load_full_state_dict(stage, hf_weights)
         else:
             stages = [model]
         wrapped = []
@@ -308,10 +318,17 @@ class MegatronStrategy(Strategy):
 
     # ---- state dicts and checkpoints -------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The merged weights; a model prepared from a Hugging Face model gets its Hugging Face names and layout."""
+        chunks = [self.unwrap(c) for c in parallel.chunks_of(model)]
         with self.redirect():
-            return checkpoint.full_state_dict([self.unwrap(c) for c in parallel.chunks_of(model)])
+            state = checkpoint.full_state_dict(chunks)
+        config = getattr(chunks[0], hf.HF_CONFIG, None)
+        return state if config is None else hf.to_hf(state, config)
 
     def load_full_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+        config = getattr(self.unwrap(parallel.chunks_of(model)[0]), hf.HF_CONFIG, None)
+        if config is not None and hf.is_hf_state_dict(state_dict):
+            state_dict = hf.to_megatron(state_dict, config)
         for chunk in parallel.chunks_of(model):
             checkpoint.load_full_state_dict(self.unwrap(chunk), state_dict, strict=strict)
 
