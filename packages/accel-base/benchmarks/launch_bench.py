@@ -4,8 +4,9 @@ Each round runs both launchers once on the same no-op script (`pass`), the order
 between rounds so neither always pays for the other's dirty caches; the first `--warmup`
 rounds are dropped. Reported: each launcher's median wall time, the median of the per-round
 ratios accel / torchrun and their spread, the same for the CPU time of every process of the
-launch (user + system: what the launch costs, steadier than wall time on a loaded machine),
-and the machine's load average before and after.
+launch (user + system), the machine's load average before and after, and what `accel launch`
+itself spends before torchrun's `main` runs (torch imported first, so the import of torch,
+which both pay and whose time varies by hundreds of milliseconds between runs, is left out).
 
     python launch_bench.py [--rounds 20] [--warmup 2] [--nproc 2] [--out FILE]
 """
@@ -42,6 +43,33 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+# In a fresh interpreter with torch's launcher already imported: the time `accel launch` takes before it hands
+# over to torchrun's `main` (importing accel's command line, parsing, resolving, the worker environment).
+OWN_COST = """
+import os, sys, time
+import torch.distributed.run as run
+def handed_over(argv):
+    print(1e3 * (time.perf_counter() - start), 1e3 * (time.process_time() - cpu_start))
+    raise SystemExit(0)
+run.main = handed_over
+start, cpu_start = time.perf_counter(), time.process_time()
+from accel.cli import main
+main(["launch", "--num-processes={nproc}", {script!r}])
+"""
+
+
+def own_cost(script: Path, nproc: int, rounds: int, env: dict[str, str]) -> dict[str, float]:
+    """Median wall and CPU milliseconds `accel launch` spends before torchrun's `main` runs (torch imported first)."""
+    wall, cpu = [], []
+    for _ in range(rounds):
+        code = OWN_COST.format(nproc=nproc, script=str(script))
+        out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True)
+        ms = out.stdout.split()
+        wall.append(float(ms[0]))
+        cpu.append(float(ms[1]))
+    return {"wall_ms": round(statistics.median(wall), 1), "cpu_ms": round(statistics.median(cpu), 1)}
+
+
 def measure(rounds: int, warmup: int, nproc: int) -> dict[str, object]:
     """Interleaved rounds; the figures of the rounds after the warm-up."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -60,12 +88,14 @@ def measure(rounds: int, warmup: int, nproc: int) -> dict[str, object]:
                 if r >= warmup:
                     times[name].append(wall)
                     cpu[name].append(cpu_seconds)
+        before_torchrun = own_cost(script, nproc, max(5, rounds // 2), env)
     return {
         "nproc": nproc,
         "rounds": rounds,
         "warmup_rounds_dropped": warmup,
         "median_seconds": {name: round(statistics.median(v), 4) for name, v in times.items()},
         "median_cpu_seconds": {name: round(statistics.median(v), 4) for name, v in cpu.items()},
+        "accel_launch_before_torchrun": before_torchrun,
         **_paired("ratio_accel_over_torchrun", times),
         **_paired("cpu_ratio_accel_over_torchrun", cpu),
         "load_average_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
