@@ -15,7 +15,7 @@ from accel.commands.launch_resolve import resolve
 
 FLAGS = json.loads((Path(__file__).parent / "fixtures" / "accelerate" / "launch_flags.json").read_text())
 # Named after one vendor's hardware: the core declares none of them (the adapter for that hardware does).
-VENDOR_FLAGS = {"tpu", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
+VENDOR_FLAGS = {"tpu", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo", "downcast_bf16"}
 SAMPLES = {
     "config_file": "c.yaml",
     "tee": "3",
@@ -216,12 +216,11 @@ def test_a_hardware_flag_declared_by_an_installed_adapter_names_it(monkeypatch, 
 @pytest.mark.parametrize(
     ("flag", "reason"),
     [
-        (("--downcast_bf16",), "--mixed_precision bf16 autocasts instead"),
         (("--main_training_function", "main"), "runs the script as __main__ on every process"),
         (("--vm", "v1"), "pod launcher is not supported"),
     ],
 )
-def test_pod_and_downcast_flags_say_why(flag: tuple[str, ...], reason: str, capsys) -> None:
+def test_pod_flags_say_why(flag: tuple[str, ...], reason: str, capsys) -> None:
     argv = [*flag, "train.py"]
     with pytest.raises(SystemExit):
         _launch_parser(argv).parse_args(argv)

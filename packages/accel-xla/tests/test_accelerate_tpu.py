@@ -19,7 +19,7 @@ from accel_xla import XLAAdapter
 FIXTURE = Path(__file__).parent / "fixtures" / "accelerate_tpu_pod.yaml"
 WORKER = Path(__file__).parent / "workers" / "tpu_host.py"
 # Every key accelerate 1.15's ClusterConfig has for TPU pods ("# args for TPU pods"), besides the ones the
-# core maps itself (downcast_bf16, main_training_function).
+# core maps itself (main_training_function; `downcast_bf16` is this adapter's, test_downcast_bf16.py).
 ACCELERATE_TPU_POD_KEYS = {
     "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env",
 }  # fmt: skip
@@ -99,6 +99,7 @@ def test_accelerates_pod_value_flags_stay_refused_by_the_core(
     assert set(args._adapter_dests["xla"]) == {
         "pjrt_device",
         "xla_cpu_devices",
+        "downcast_bf16",
         "tpu",
         "tpu_use_cluster",
         "tpu_use_sudo",

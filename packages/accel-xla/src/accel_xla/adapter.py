@@ -7,6 +7,7 @@ under emulation); the decisions here are the same either way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -16,12 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accel.adapter.base import Adapter, Availability, Capabilities
+from accel.adapter.options import AdapterOptionsError
 from accel.distributed.distributed_type import DistributedType
 from accel.distributed.launch_env import read_launch_env
 from accel.errors import DistributedSetupError
 from accel.prepare.group import optimizer_params
 
-from .options import PODS, XLALaunchOptions, add_accelerate_tpu_flags
+from .options import DOWNCAST_ENV, PODS, XLALaunchOptions, add_accelerate_tpu_flags
 from .repoint import first_device, retie, tied_groups
 from .xla_ddp import XLADataParallelStrategy
 
@@ -82,6 +84,15 @@ class XLAAdapter(Adapter):
     checkpoint_on_host: ClassVar[bool] = True
     vendor_module: ClassVar[str] = "accel_xla.xla"
     emulated_vendor_module: ClassVar[str] = "accel_xla.xla_emulated"
+
+    accelerate_env: ClassVar[Mapping[str, str]] = {"ACCELERATE_DOWNCAST_BF16": DOWNCAST_ENV}
+
+    @classmethod
+    def accelerate_config_settings(cls, key: str, value: Any) -> dict[str, Any] | None:
+        """An Accelerate config file's `downcast_bf16: true` is `--downcast_bf16`."""
+        if key == "downcast_bf16" and str(value).lower() in ("true", "yes", "1"):
+            return {"downcast_bf16": True}
+        return None
 
     def data_parallel_type(self, use_distributed: bool) -> DistributedType:
         """XLA, for one process too: Accelerate reports XLA whenever it runs on an XLA device."""
@@ -148,6 +159,46 @@ class XLAAdapter(Adapter):
 
     def barrier(self) -> None:
         self.vendor.barrier()
+
+    # ---- bf16 as Accelerate runs it on a TPU ------------------------------------------------------
+    def bf16_storage(self) -> str | None:
+        """The torch_xla variable that stores float32 tensors in bf16 for a bf16 run, or None (autocast).
+
+        Accelerate on a TPU: `XLA_USE_BF16` (every float32 tensor kept in bf16), or `XLA_DOWNCAST_BF16`
+        with `downcast_bf16`; no autocast either way. Elsewhere it autocasts, and so does accel, unless
+        `downcast_bf16` asks for the downcast (honoured on every XLA device: it is a request, not a default).
+        """
+        if os.environ.get(DOWNCAST_ENV, "").lower() in ("1", "true", "yes", "on"):
+            return "XLA_DOWNCAST_BF16"
+        if not self.emulate and self.vendor.device_kind() == "TPU":
+            return "XLA_USE_BF16"
+        return None
+
+    def precision_fallback(self, precision: str) -> tuple[str, str] | None:
+        """Where bf16 is stored in bf16 (`bf16_storage`), set torch_xla's variable as Accelerate's state does
+        when the run's precision is resolved, before the model reaches the device.
+
+        Raises:
+            AdapterOptionsError: `downcast_bf16` without `mixed_precision="bf16"` (Accelerate's rule).
+        """
+        storage = self.bf16_storage()
+        if storage == "XLA_DOWNCAST_BF16" and precision != "bf16":
+            raise AdapterOptionsError(
+                f"Can only use `downcast_bf16` (--downcast_bf16, ACCELERATE_DOWNCAST_BF16) when using "
+                f"`mixed_precision='bf16'`, not {precision!r}: set mixed_precision='bf16' or drop downcast_bf16."
+            )
+        if precision == "bf16" and storage is not None:
+            os.environ["XLA_USE_BF16"] = "1" if storage == "XLA_USE_BF16" else "0"
+            os.environ["XLA_DOWNCAST_BF16"] = "1" if storage == "XLA_DOWNCAST_BF16" else "0"
+        return None
+
+    def autocast(
+        self, precision: str, *, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """No autocast where bf16 is stored in bf16 (`bf16_storage`); torch's autocast on the device otherwise."""
+        if precision == "bf16" and self.bf16_storage() is not None:
+            return contextlib.nullcontext()
+        return super().autocast(precision, enabled=enabled, cache_enabled=cache_enabled)
 
     def counters(self) -> dict[str, int]:
         """Graphs compiled and executed so far on this process (torch_xla's metrics)."""

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 from accel.adapter.options import AdapterOptions, AdapterOptionsError, option
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
+DOWNCAST_ENV = "ACCEL_XLA_DOWNCAST_BF16"
+"""The workers' variable for Accelerate's `downcast_bf16` (`ACCELERATE_DOWNCAST_BF16` is mapped onto it)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,6 +40,15 @@ class XLALaunchOptions(AdapterOptions):
         help="xla: with --pjrt-device CPU, how many CPU devices each worker's runtime creates (CPU_NUM_DEVICES)",
     )
     """With `pjrt_device="CPU"`: how many CPU devices each worker's runtime creates."""
+    downcast_bf16: bool = option(
+        False,
+        env=DOWNCAST_ENV,
+        flag="--downcast-bf16",
+        help="xla: with bf16, store float32 tensors in bf16 on the device (torch_xla's XLA_DOWNCAST_BF16) "
+        "instead of autocasting; Accelerate's --downcast_bf16",
+    )
+    """Accelerate's `downcast_bf16`: under `mixed_precision="bf16"` torch_xla keeps float32 tensors in bf16
+    (`XLA_DOWNCAST_BF16`) and the forward runs without autocast, on any XLA device."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,6 +111,9 @@ def add_accelerate_tpu_flags(group: argparse._ArgumentGroup) -> None:
       accepted and change nothing; the latter says so in one note.
     """
     group.add_argument("--tpu", action=_SelectXLA, nargs=0, default=False, help="Accelerate's --tpu: --adapter xla")
+    # Accelerate's spelling of --downcast-bf16 (`XLALaunchOptions.downcast_bf16` declares the hyphenated one).
+    group.add_argument("--downcast_bf16", dest="downcast_bf16", action="store_const", const=True, default=None,
+                       help=argparse.SUPPRESS)  # fmt: skip
     group.add_argument(
         "--tpu-cluster",
         "--tpu_cluster",

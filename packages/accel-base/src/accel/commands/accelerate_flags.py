@@ -145,7 +145,6 @@ REFUSED: dict[str, tuple[bool, str]] = {
         True,
         "accel launch runs the script as __main__ on every process: call that function there",
     ),
-    "downcast_bf16": (False, "accel does not store whole tensors in bf16: --mixed_precision bf16 autocasts instead"),
     "enable_cpu_affinity": (False, "bind the processes with numactl or taskset around `accel launch`"),
     "aws_access_key_id": (True, "SageMaker launches are not supported"),
     "aws_secret_access_key": (True, "SageMaker launches are not supported"),

@@ -339,9 +339,6 @@ _HANDLERS: dict[str, Handler] = {
     "fp8_config": _fp8_config,
     "parallelism_config": _parallelism,
     "mpirun_config": _refuse_when_set("run `mpirun -np N python train.py` yourself (docs/launching.md)"),
-    "downcast_bf16": _refuse_when_set(
-        "accel does not store whole tensors in bf16: mixed_precision bf16 autocasts instead; set it to 'no'"
-    ),
     "main_training_function": _refuse_when_set(
         "accel launch runs the script as __main__ on every process: call that function there (or drop the key)"
     ),
