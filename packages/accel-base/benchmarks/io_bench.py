@@ -31,6 +31,19 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
+CHECKPOINT_RATIOS = {
+    "save_state / plain save": ("accel_save", "plain_save"),
+    "load_state / plain load": ("accel_load", "plain_load"),
+    "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
+    "save_state(async_save=True) / save_state, time the call blocks training": (
+        "async_save_call",
+        "sync_save_call",
+    ),
+    "training step during an async save's write / training step": ("step_during_async_save", "step"),
+}
+"""Each checkpoint ratio: label -> (accel's timing, the baseline's), as `run.py` prints them."""
+
+
 def checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """Paired rounds at each size: accel against the same files written and read without accel."""
     return {"sizes": {f"{mb}MB": _checkpoint_size(args, mb) for mb in args.sizes}, "rounds": args.rounds}
@@ -124,16 +137,6 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
                     times[name].append(elapsed)
             if r >= args.warmup:
                 loads.append(os.getloadavg()[0])
-    pairs = {
-        "save_state / plain save": ("accel_save", "plain_save"),
-        "load_state / plain load": ("accel_load", "plain_load"),
-        "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
-        "save_state(async_save=True) / save_state, time the call blocks training": (
-            "async_save_call",
-            "sync_save_call",
-        ),
-        "training step during an async save's write / training step": ("step_during_async_save", "step"),
-    }
     return {
         "megabytes": nbytes / 1e6,
         "median_seconds": {name: statistics.median(ts) for name, ts in times.items()},
@@ -142,8 +145,9 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
                 "median": statistics.median(a / b for a, b in zip(times[num], times[den])),
                 "min": min(a / b for a, b in zip(times[num], times[den])),
                 "max": max(a / b for a, b in zip(times[num], times[den])),
+                "of": [num, den],
             }
-            for label, (num, den) in pairs.items()
+            for label, (num, den) in CHECKPOINT_RATIOS.items()
         },
         "load_average_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "rounds": args.rounds,

@@ -125,20 +125,10 @@ def checkpoint_table(out_dir: Path, extra: list[str]) -> None:
     print("\n## Checkpoints, one process: model + AdamW state, median of paired per-round ratios (time)\n")
     print("| size | operation | accel / baseline: median (min-max) | accel | baseline | load average (1 min) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    columns = {
-        "save_state / plain save": ("accel_save", "plain_save"),
-        "load_state / plain load": ("accel_load", "plain_load"),
-        "load_state verified / unverified": ("accel_load", "accel_load_unverified"),
-        "save_state(async_save=True) / save_state, time the call blocks training": (
-            "async_save_call",
-            "sync_save_call",
-        ),
-        "training step during an async save's write / training step": ("step_during_async_save", "step"),
-    }
     for size in m["sizes"].values():
         load = size["load_average_1min"]
         for label, r in size["ratios"].items():
-            ours, base = (size["median_seconds"][k] * 1e3 for k in columns[label])
+            ours, base = (size["median_seconds"][k] * 1e3 for k in r["of"])
             print(
                 f"| {size['megabytes']:.0f} MB | {label} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
                 f"{ours:.0f} ms | {base:.0f} ms | {load['min']:.1f}-{load['max']:.1f} |"
