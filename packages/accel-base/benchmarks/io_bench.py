@@ -30,7 +30,6 @@ from accel.checkpoint.state import MANIFEST
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-
 CHECKPOINT_RATIOS = {
     "save_state / plain save": ("accel_save", "plain_save"),
     "load_state / plain load": ("accel_load", "plain_load"),
