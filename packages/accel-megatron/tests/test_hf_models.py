@@ -33,10 +33,13 @@ def test_gpt2_under_pp2_and_llama_under_tp2_and_dp2_match_transformers_on_one_pr
     # Data parallelism 2 (each replica half of every batch): GPTTrainStep's loss is averaged over the replicas.
     for got in ranks:
         assert got["llama_dp"]["losses"] == pytest.approx(ref["llama"]["losses"], rel=1e-5)
+        assert got["llama_dp"]["lrs"] == pytest.approx(ref["llama"]["lrs"], rel=1e-6)
         assert got["llama_dp"]["eval"] == pytest.approx(ref["llama"]["eval"], rel=1e-5)
     for family in ("gpt2", "llama"):
         for got in ranks:  # every process returns the step's loss (PP: broadcast from the last stage)
             assert got[family]["losses"] == pytest.approx(ref[family]["losses"], rel=1e-5), family
+            # model(**batch) stepped the scheduler once per step; the loop's own scheduler.step() did nothing.
+            assert got[family]["lrs"] == pytest.approx(ref[family]["lrs"], rel=1e-6), family
             assert got[family]["eval"] == pytest.approx(ref[family]["eval"], rel=1e-5), family
             assert got[family]["shard_params"] < 0.6 * got[family]["hf_params"], "each process holds a part"
         # eval_step's logits (last pipeline stage): the whole batch over the full vocabulary, gathered over TP.
@@ -131,3 +134,48 @@ def test_gpt_train_step_refuses_left_padding() -> None:
     }
     with pytest.raises(MegatronConfigError, match="pad on the right"):
         GPTTrainStep.forward_fn(torch.nn.Identity(), batch)
+
+
+def _tiny_gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=4)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+def test_model_call_runs_the_step_and_refuses_what_it_would_drop(megatron_world: None) -> None:
+    """Accelerate's loop on one process: what `model(**batch)` cannot honour is refused by name."""
+    from accel import Accelerator
+    from accel_megatron import GPTTrainStep, MegatronConfigError, MegatronPlugin
+
+    batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin())
+    model = accelerator.prepare(_tiny_gpt2())
+    with pytest.raises(MegatronConfigError, match="prepare the optimizer before calling the model"):
+        model(**batch)
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(MegatronConfigError, match=r"got \['input_ids', 'token_type_ids'\]. Leave out \['token_type"):
+        model(input_ids=batch["input_ids"], token_type_ids=batch["input_ids"])
+    before = [p.detach().clone() for p in model.parameters()]
+    outputs = model(**batch)
+    after = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(after, before)), "model(**batch) stepped the optimizer"
+    accelerator.backward(outputs.loss)  # nothing to do, as in Accelerate
+    optimizer.step()
+    optimizer.zero_grad()
+    assert all(torch.equal(a, p) for a, p in zip(after, model.parameters())), "the loop's own step did nothing"
+    with pytest.raises(MegatronConfigError, match="gradients of another loss would be dropped"):
+        accelerator.backward(sum(p.sum() for p in model.parameters()))
+    with pytest.raises(MegatronConfigError, match=r"MegatronPlugin\(gradient_clipping=...\)"):
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    with pytest.raises(MegatronConfigError, match="not both"):
+        GPTTrainStep(accelerator)(model, batch)
+
+
+def test_model_call_refuses_gradient_accumulation(megatron_world: None) -> None:
+    from accel import Accelerator
+    from accel_megatron import MegatronConfigError, MegatronPlugin
+
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(), gradient_accumulation_steps=2)
+    model = accelerator.prepare(_tiny_gpt2())
+    accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(MegatronConfigError, match=r"gradient_accumulation_steps=2.*num_micro_batches"):
+        model(input_ids=torch.randint(0, 64, (2, 8)))

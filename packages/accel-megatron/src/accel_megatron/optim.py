@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,6 +78,36 @@ def optimizer_config(optimizer: torch.optim.Optimizer, plugin: MegatronPlugin, m
     )
 
 
+class StepDriver:
+    """Who runs the optimizer step: the user's loop, or `model(**batch)`.
+
+    A Hugging Face model prepared under the megatron strategy runs Accelerate's Megatron-LM engine when it is
+    called with its keyword batch in training mode: zero the gradients, forward and backward through megatron-core's
+    schedule, the optimizer step and the scheduler step. From then on the user's `optimizer.step()`,
+    `optimizer.zero_grad()`, `scheduler.step()` and `accelerator.backward(loss)` do nothing, as in Accelerate
+    (`MegatronLMOptimizerWrapper`, `MegatronLMSchedulerWrapper`).
+    """
+
+    def __init__(self) -> None:
+        self.model_driven = False
+        """Set by the first training call `model(**batch)`; it stays for the run, as in Accelerate."""
+        self.inside = False
+        """True while `model(**batch)` itself steps (its calls act)."""
+
+    def skips(self) -> bool:
+        """Whether a call from the user's loop is a no-op (the model already ran it)."""
+        return self.model_driven and not self.inside
+
+    @contextlib.contextmanager
+    def driving(self) -> Iterator[None]:
+        """The model's own step: the optimizer and scheduler calls inside act."""
+        self.model_driven = self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+
 class MegatronOptimizer(torch.optim.Optimizer):
     """A torch-optimizer view of megatron-core's optimizer, for the Accelerator's loop.
 
@@ -103,6 +135,10 @@ class MegatronOptimizer(torch.optim.Optimizer):
         """Global gradient norm of the last step (over every model-parallel shard)."""
         self.iteration = 0
         """Optimizer steps taken (the x axis of the TensorBoard scalars)."""
+        self.step_was_skipped = False
+        """Whether the last step was skipped (fp16 gradients overflowed); the scheduler does not step then."""
+        self.driver: StepDriver | None = None
+        """Set by the strategy: under `model(**batch)` (Accelerate's Megatron-LM engine) the user's calls are no-ops."""
         # Set by clip_grad_norm_: gradients already reduced, copied to the main parameters and unscaled.
         self._ready: tuple[bool, float] | None = None
 
@@ -156,6 +192,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if closure is not None:
             raise ValueError("megatron-core's optimizer takes no closure.")
+        if self.driver is not None and self.driver.skips():
+            return None  # model(**batch) stepped already (Accelerate's Megatron-LM engine)
         zeros = None
         with self._redirect():
             if self._ready is None:
@@ -169,6 +207,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
                 elif self.inner.config.log_num_zeros_in_grad:
                     zeros = self.inner.count_zeros()
         self._ready = None
+        self.step_was_skipped = not ok
         self.grad_norm = None if grad_norm is None else float(grad_norm)
         self.iteration += 1
         loss = self._step_loss()
@@ -197,6 +236,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
         return float(mean) / dist.get_world_size(group=group) if backward or scheduled else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.driver is not None and self.driver.skips():
+            return  # model(**batch) zeroes them before its step
         self._ready = None
         with self._redirect():
             for model in self.models:
@@ -476,6 +517,9 @@ class MegatronScheduler:
         self._step_count = 0
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        driver = self.optimizer.driver
+        if driver is not None and driver.skips():
+            return  # model(**batch) stepped it (Accelerate's Megatron-LM engine)
         self._step_count += 1
         self.inner.step(increment=self.increment)
 

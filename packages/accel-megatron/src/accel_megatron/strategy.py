@@ -23,6 +23,7 @@ from .optim import (
     MegatronLMDummyScheduler,
     MegatronOptimizer,
     MegatronScheduler,
+    StepDriver,
     build_optimizer,
     build_scheduler,
 )
@@ -65,6 +66,9 @@ class MegatronStrategy(Strategy):
         self._datasets = DatasetsBuilder(config)
         self.global_batch_size: int | None = None
         """Samples per optimizer step over all replicas, from the first loader prepared (the train loader)."""
+        self.driver = StepDriver()
+        """Whether `model(**batch)` runs the training step (a prepared Hugging Face model, as in Accelerate)."""
+        self._prepared: Prepared | None = None
 
     def distributed_type(self, use_distributed: bool) -> DistributedType:
         from accel.distributed.distributed_type import DistributedType
@@ -149,6 +153,8 @@ class MegatronStrategy(Strategy):
             wrapped.append(parallel.wrap_ddp(stage, self.plugin, ctx.device, first_chunk=i == 0))
         self.models.extend(wrapped)
         self._prepared_models += 1
+        if hf_weights is not None:  # model(**batch) runs Accelerate's Megatron-LM engine step
+            return hf.HFEngine(wrapped, self)
         # One chunk: the DDP-wrapped model itself; the interleaved schedule's chunks: one container.
         return wrapped[0] if len(wrapped) == 1 else parallel.ModelChunks(wrapped)
 
@@ -156,6 +162,8 @@ class MegatronStrategy(Strategy):
         from megatron.core.distributed import DistributedDataParallel
         from megatron.core.transformer.module import Float16Module
 
+        if isinstance(model, hf.HFEngine) and len(model.chunks) == 1:
+            model = model.chunks[0]
         if isinstance(model, DistributedDataParallel):
             model = model.module
         return model.module if isinstance(model, Float16Module) else model
@@ -166,9 +174,12 @@ class MegatronStrategy(Strategy):
         return isinstance(model, (DistributedDataParallel, parallel.ModelChunks))
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        if self.is_wrapped(model):
-            return model.no_sync()  # type: ignore[operator,no-any-return]
-        return contextlib.nullcontext()
+        if not self.is_wrapped(model):
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for chunk in parallel.chunks_of(model):  # every chunk of an interleaved or Hugging Face model
+            stack.enter_context(chunk.no_sync())  # type: ignore[operator]
+        return stack
 
     def setup(self, group: PrepareGroup, prepared: Prepared, ctx: RunContext) -> PrepareGroup:
         """megatron-core's optimizer over the DDP-wrapped model's gradient buffers, and the user's torch
@@ -177,6 +188,7 @@ class MegatronStrategy(Strategy):
         A group holds a model with its optimizers and schedulers, or optimizers or schedulers prepared
         in a later call than their model (or optimizer): those find it among what is prepared already.
         """
+        self._prepared = prepared
         optimizers = [self._optimizer(opt, ctx) for opt in group.optimizers]
         owners = {id(old): new for old, new in zip(group.optimizers, optimizers)}
         schedulers = [self._scheduler(sched, owners, prepared) for sched in group.schedulers]
@@ -191,6 +203,7 @@ class MegatronStrategy(Strategy):
                 "optimizer is built over the DDP-wrapped model's gradient buffers."
             )
         built = build_optimizer(optimizer, self.models, self.plugin, self.redirect, ctx.mixed_precision)
+        built.driver = self.driver
         self._built[id(optimizer)] = built
         return built
 
@@ -217,7 +230,20 @@ class MegatronStrategy(Strategy):
         return MegatronScheduler(build_scheduler(scheduler, owner, self.plugin), owner, increment)
 
     def backward(self, loss: torch.Tensor, *, sync: bool, **kwargs: Any) -> bool:
-        """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales."""
+        """fp16: the loss times megatron-core's (dynamic) loss scale, which its optimizer unscales.
+
+        After `model(**batch)` ran the step (a Hugging Face model, Accelerate's Megatron-LM engine) the loss it
+        returned needs no backward: nothing happens, as in Accelerate. A loss with a graph is refused then: its
+        gradients would reach no optimizer step.
+        """
+        if self.driver.skips():
+            if loss.requires_grad:
+                raise MegatronConfigError(
+                    "model(**batch) already ran the backward pass and the optimizer step of this batch (Accelerate's "
+                    "Megatron-LM engine), so the gradients of another loss would be dropped; pass the loss it "
+                    "returned (outputs.loss) or train through accel_megatron.GPTTrainStep instead."
+                )
+            return True
         configs: list[Any] = [getattr(m, "config", None) for m in self.models]
         scaler: Any = next((c.grad_scale_func for c in configs if getattr(c, "fp16", False)), None)
         # Off CUDA, MoE layers' backward collectives ask for the CUDA device too.
@@ -232,6 +258,11 @@ class MegatronStrategy(Strategy):
     def clip_grad_norm_(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor | None:
         """Through megatron-core's optimizer: the global L2 norm over every shard of the prepared model
         (its optimizer's parameters, whatever `parameters` lists), clipped as its `clip_grad` clips."""
+        if self.driver.model_driven:
+            raise MegatronConfigError(
+                "model(**batch) runs the optimizer step itself (Accelerate's Megatron-LM engine), so clipping after it "
+                "has no step to act on; set MegatronPlugin(gradient_clipping=...), which it applies inside the step."
+            )
         if float(norm_type) != 2.0:
             raise MegatronConfigError(
                 f"megatron-core clips the L2 norm only; clip_grad_norm_(norm_type={norm_type}) is not supported."
@@ -264,6 +295,11 @@ class MegatronStrategy(Strategy):
         concatenated along dim 0 (None on other pipeline stages), as Accelerate's `eval_step`.
         """
         assert self.device is not None, "prepare a model first"
+        if not forward_only and self.driver.skips():
+            raise MegatronConfigError(
+                "This run's steps go through model(**batch) (Accelerate's Megatron-LM engine), which steps the "
+                "optimizer itself; train either by calling the model or through train_step/GPTTrainStep, not both."
+            )
         outputs: list[torch.Tensor] | None = [] if forward_only and self.plugin.return_logits else None
         with self.redirect():
             loss = schedule.run(
@@ -315,6 +351,15 @@ class MegatronStrategy(Strategy):
             if optimizer.log_losses:
                 kept = optimizer.schedule_losses if scheduled else optimizer.losses
                 kept.append(loss.detach().reshape(()).float().cpu())
+
+    def prepared_steppers(self) -> tuple[list[Any], list[Any]]:
+        """The prepared optimizers and schedulers that step megatron-core's optimizer (the Accelerator's
+        wrappers, so gradient state, adapter hooks and logging act as in the user's loop)."""
+        if self._prepared is None:
+            return [], []
+        optimizers = [o for o in self._prepared.optimizers if isinstance(o.optimizer, MegatronOptimizer)]
+        schedulers = [s for s in self._prepared.schedulers if isinstance(s.scheduler, MegatronScheduler)]
+        return optimizers, schedulers
 
     # ---- state dicts and checkpoints -------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,14 +1,18 @@
-"""Hugging Face GPT-2 and Llama (tiny configs, no download) trained 3 AdamW steps; argv: MODE OUT_DIR.
+"""Hugging Face GPT-2 and Llama (tiny configs, no download) trained 3 AdamW steps with a linear lr decay;
+argv: MODE OUT_DIR.
 
 MODE ref (`reference`, which the test runs in its own process): the plain `transformers` models in an ordinary
 torch loop on one process (the reference).
 MODE mp: 2 processes, `Accelerator(megatron_lm_plugin=MegatronPlugin(..., return_logits=True))`, GPT-2 under PP=2
 (2 micro-batches), Llama under TP=2 and under DP=2:
-`prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in; the steps run
-through `GPTTrainStep` (megatron-core's schedule); `eval_step` returns the loss and full-vocabulary logits;
+`prepare(hf_model)` parses the config into a megatron-core GPTModel and converts the weights in. GPT-2 and the
+data-parallel Llama train with Accelerate's own Megatron-LM loop (`outputs = model(**batch)` runs the whole step; the
+`accelerator.backward`, `optimizer.step`, `scheduler.step` and `zero_grad` after it do nothing) and evaluate with
+`model.eval(); model(**batch)`; the tensor-parallel Llama trains through `GPTTrainStep` (megatron-core's schedule)
+with its own `optimizer.step()` and evaluates with `eval_step`. Evaluation returns the loss and full-vocabulary logits;
 `save_model` writes the weights back in Hugging Face layout (with the model's config.json next to them).
-Both modes build each model from the same seed; each process writes its per-step losses, the evaluation loss and
-logits (hf_MODE_RANK.json).
+Both modes build each model from the same seed; each process writes its per-step losses and learning rates, the
+evaluation loss and logits (hf_MODE_RANK.json).
 """
 
 import json
@@ -63,6 +67,8 @@ LAYOUTS = {
     "llama": {"tp_degree": 2},
     "llama_dp": {},
 }
+ACCELERATE_LOOP = {"gpt2", "llama_dp"}
+"""Runs trained as Accelerate's Megatron-LM examples train (`model(**batch)`); the others through GPTTrainStep."""
 
 
 def build(family: str) -> torch.nn.Module:
@@ -75,23 +81,35 @@ def optimizer_for(params):
     return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
 
+def scheduler_for(optimizer):
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.5, total_iters=STEPS)
+
+
 def reference(out: Path) -> None:
     """The plain `transformers` models trained in an ordinary torch loop on this one process."""
     result = {}
     for family in CONFIGS:
         model = build(family)
         optimizer = optimizer_for(model.parameters())
-        losses = []
+        scheduler = scheduler_for(optimizer)
+        losses, lrs = [], []
         for i in range(STEPS):
             batch = {k: torch.stack([s[k] for s in samples[i * BATCH : (i + 1) * BATCH]]) for k in samples[0]}
             loss = model(**batch).loss
             loss.backward()
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
             losses.append(loss.item())
+            lrs.append(scheduler.get_last_lr()[0])
         with torch.no_grad():
             evaluated = model(**eval_batch)
-        result[family] = {"losses": losses, "eval": evaluated.loss.item(), "logits": evaluated.logits.tolist()}
+        result[family] = {
+            "losses": losses,
+            "lrs": lrs,
+            "eval": evaluated.loss.item(),
+            "logits": evaluated.logits.tolist(),
+        }
         tied = family == "gpt2"  # save_pretrained leaves the tied head out
         final = {k: v.clone() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
         save_file(final, str(out / f"{family}_ref.safetensors"))
@@ -118,21 +136,36 @@ def model_parallel(out: Path) -> None:
         hf_model = build(family)
         model = accelerator.prepare(hf_model)
         optimizer = optimizer_for(model.parameters())
-        optimizer, loader = accelerator.prepare(optimizer, DataLoader(samples, batch_size=BATCH))
+        scheduler = scheduler_for(optimizer)
+        optimizer, loader, scheduler = accelerator.prepare(optimizer, DataLoader(samples, batch_size=BATCH), scheduler)
         step = GPTTrainStep(accelerator)
-        losses = []
+        losses, lrs = [], []
+        model.train()
         for batch in loader:
-            loss = step(model, batch)
+            if run in ACCELERATE_LOOP:  # Accelerate's loop: the model call runs the step, the rest does nothing
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+            else:
+                loss = step(model, batch)
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
             losses.append(loss.item())
-        evaluated = step.eval_step(model, {k: v.to(accelerator.device) for k, v in eval_batch.items()})
+            lrs.append(scheduler.get_last_lr()[0])
+        eval_batch_here = {k: v.to(accelerator.device) for k, v in eval_batch.items()}
+        if run in ACCELERATE_LOOP:
+            model.eval()
+            outputs = model(**eval_batch_here)
+            evaluated = {"lm loss": outputs.loss} | ({} if outputs.logits is None else {"logits": outputs.logits})
+        else:
+            evaluated = step.eval_step(model, eval_batch_here)
         target = out / f"{run}_mp"
         accelerator.save_model(model, target)
         if accelerator.is_main_process:
             hf_model.config.save_pretrained(target)
         result[run] = {
             "losses": losses,
+            "lrs": lrs,
             "eval": evaluated["lm loss"].item(),
             "logits": evaluated["logits"].tolist() if "logits" in evaluated else None,  # last pipeline stage only
             "shard_params": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
