@@ -34,6 +34,11 @@ def test_gpt2_under_pp2_and_llama_under_tp2_and_dp2_match_transformers_on_one_pr
     for got in ranks:
         assert got["llama_dp"]["losses"] == pytest.approx(ref["llama"]["losses"], rel=1e-5)
         assert got["llama_dp"]["lrs"] == pytest.approx(ref["llama"]["lrs"], rel=1e-6)
+        # Accelerate's train-step protocol (custom_train_step_class with its kwargs) under PP=2: the same numbers.
+        assert got["gpt2_custom"]["losses"] == pytest.approx(ref["gpt2"]["losses"], rel=1e-5)
+        assert got["gpt2_custom"]["lrs"] == pytest.approx(ref["gpt2"]["lrs"], rel=1e-6)
+        assert got["gpt2_custom"]["eval"] == pytest.approx(ref["gpt2"]["eval"], rel=1e-5)
+        assert got["custom_args"] == [1, 2, 2, 2, "gpt"]
         assert got["llama_dp"]["eval"] == pytest.approx(ref["llama"]["eval"], rel=1e-5)
     for family in ("gpt2", "llama"):
         for got in ranks:  # every process returns the step's loss (PP: broadcast from the last stage)
@@ -138,6 +143,7 @@ def test_gpt_train_step_refuses_left_padding() -> None:
 
 def _tiny_gpt2() -> torch.nn.Module:
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=4)
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
@@ -179,3 +185,50 @@ def test_model_call_refuses_gradient_accumulation(megatron_world: None) -> None:
     accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(MegatronConfigError, match=r"gradient_accumulation_steps=2.*num_micro_batches"):
         model(input_ids=torch.randint(0, 64, (2, 8)))
+
+
+def test_custom_batch_and_loss_functions_run_in_accelerates_gpt_step(megatron_world: None) -> None:
+    """`custom_get_batch_function` / `custom_loss_function` (no class): Accelerate's GPT step runs them per
+    micro-batch; the loss and the SGD step equal the plain transformers model's."""
+    import copy
+
+    from accel import Accelerator
+    from accel_megatron import MegatronPlugin
+
+    seen: list[tuple[int, ...]] = []
+
+    def get_batch(data_iterator):
+        micro = next(data_iterator)
+        tokens = micro["input_ids"]
+        seen.append(tuple(tokens.shape))
+        mask = torch.ones(tokens.shape)
+        mask[:, -1] = 0  # the last position has no next token
+        positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        return tokens, torch.roll(tokens, -1, dims=1), mask, None, positions
+
+    def loss_function(loss_mask, per_token):
+        loss = (per_token * loss_mask).sum() / loss_mask.sum()
+        return loss, {"lm loss": loss.detach()}
+
+    plugin = MegatronPlugin(
+        custom_get_batch_function=get_batch, custom_loss_function=loss_function, num_micro_batches=2
+    )
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    hf_model = _tiny_gpt2()
+    reference = copy.deepcopy(hf_model)
+    model = accelerator.prepare(hf_model)
+    accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.5))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    loss = model(input_ids=ids)  # no model_output_class: the loss itself, as in Accelerate
+    assert seen == [(1, 8), (1, 8)], "one call per micro-batch"
+    expected = reference(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=0)
+    expected.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.5 * p.grad
+    trained = accelerator.get_state_dict(model)
+    assert len(set(trained) & set(reference.state_dict())) >= 10, "Hugging Face names"
+    for name, value in reference.state_dict().items():
+        if name in trained:
+            torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-5, msg=name)

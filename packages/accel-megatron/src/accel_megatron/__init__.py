@@ -1,6 +1,7 @@
 """accel-megatron: megatron-core tensor and pipeline parallelism behind `accel.Accelerator`."""
 
 from .data import MegatronLMDummyDataLoader
+from .engine import AbstractTrainStep, MegatronEngine
 from .hf import GPTTrainStep
 from .optim import MegatronLMDummyScheduler
 from .parallel import ModelChunks, ModelProvider
@@ -9,8 +10,10 @@ from .strategy import MegatronStrategy
 from .utils import avg_losses_across_data_parallel_group, gather_across_data_parallel_groups
 
 __all__ = [
+    "AbstractTrainStep",
     "GPTTrainStep",
     "MegatronConfigError",
+    "MegatronEngine",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
     "MegatronPlugin",

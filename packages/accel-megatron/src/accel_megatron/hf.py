@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import ModelChunks
 from .plugin import MegatronConfigError, MegatronPlugin
 
 HF_CONFIG = "_accel_hf_config"
@@ -364,7 +363,8 @@ class GPTTrainStep:
     `GPTTrainStep(accelerator)` (or the accelerator's megatron strategy). `step(model, batch)` runs forward and
     backward through megatron-core's schedule (`accelerator.strategy.train_step`) and returns the loss averaged over
     the data-parallel replicas; call `optimizer.step()` after it as usual. (`model(**batch)` runs this and the
-    optimizer and scheduler steps itself, as Accelerate's Megatron-LM engine does: see `HFEngine`.) `step.eval_step(model, batch)` is Accelerate's `eval_step`: `{"lm loss": ...}` averaged over the
+    optimizer and scheduler steps itself, as Accelerate's Megatron-LM engine does: see `MegatronEngine`.)
+    `step.eval_step(model, batch)` is Accelerate's `eval_step`: `{"lm loss": ...}` averaged over the
     data-parallel replicas, with `"logits"` (full vocabulary, gathered over the tensor-parallel group; on the
     last pipeline stage) when the plugin's `return_logits` is set.
     """
@@ -427,75 +427,3 @@ class GPTTrainStep:
                     out["logits"] = gather_from_tensor_model_parallel_region(logits)
         out["lm loss"] = avg_losses_across_data_parallel_group([result])[0]
         return out
-
-
-# ---- Accelerate's MegatronEngine for a prepared Hugging Face model -------------------------------------------------
-ENGINE_KEYS = frozenset({"input_ids", "labels", "attention_mask"})
-"""The batch keys `model(**batch)` reads (Accelerate's `GPTTrainStep` reads the same)."""
-
-
-class HFEngine(ModelChunks):
-    """What `accelerator.prepare(hf_model)` returns under the megatron strategy: this process's megatron-core
-    chunks of the Hugging Face causal LM, called as Accelerate's `MegatronEngine` is.
-
-    - Training mode, `model(**batch)` (`input_ids`, optional `labels` and right-padded `attention_mask`): one whole
-      training step, as Accelerate's Megatron-LM engine runs it: the prepared optimizer's gradients zeroed, forward
-      and backward of the batch's `num_micro_batches` micro-batches through megatron-core's schedule, the optimizer
-      step (the plugin's `gradient_clipping` inside it) and the prepared scheduler's step. It returns
-      `CausalLMOutputWithCrossAttentions(loss=...)`, the batch's loss averaged over the data-parallel replicas, on
-      every process. The user's `accelerator.backward(outputs.loss)`, `optimizer.step()`, `scheduler.step()` and
-      `optimizer.zero_grad()` that follow do nothing, as in Accelerate.
-    - Evaluation mode (`model.eval()`): Accelerate's `eval_step`: the loss averaged over the data-parallel replicas
-      and, with the plugin's `return_logits`, the full-vocabulary logits on the last pipeline stage.
-    - Called with positional arguments: megatron-core's `GPTModel(input_ids, position_ids, attention_mask)` of the
-      single chunk, for `strategy.train_step` / `GPTTrainStep` loops.
-    """
-
-    def __init__(self, chunks: list[nn.Module], strategy: Any) -> None:
-        super().__init__(chunks)
-        self.strategy = strategy  # not a module: nn.Module keeps it as a plain attribute
-
-    def forward(self, *args: Any, **batch: Any) -> Any:
-        if args:
-            if len(self.chunks) > 1:
-                return super().forward(*args, **batch)
-            return self.chunks[0](*args, **batch)
-        unknown = sorted(set(batch) - ENGINE_KEYS)
-        if unknown or "input_ids" not in batch:
-            raise MegatronConfigError(
-                f"model(**batch) under Megatron reads input_ids, labels and attention_mask; got {sorted(batch)}. "
-                f"Leave out {unknown or 'nothing'} (megatron-core builds positions and the causal mask) "
-                "and give input_ids."
-            )
-        from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
-
-        step = GPTTrainStep(self.strategy)
-        if not self.training:
-            result = step.eval_step(self, batch)
-            return CausalLMOutputWithCrossAttentions(loss=result["lm loss"], logits=result.get("logits"))
-        return CausalLMOutputWithCrossAttentions(loss=self._train_step(step, batch))
-
-    def _train_step(self, step: GPTTrainStep, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        from accel.distributed.state import GradientState
-
-        accumulation = GradientState().num_steps
-        if accumulation > 1:
-            raise MegatronConfigError(
-                f"gradient_accumulation_steps={accumulation}: under Megatron model(**batch) runs a whole step over "
-                "the batch's micro-batches; set MegatronPlugin(num_micro_batches=...) and gradient_accumulation_steps=1."
-            )
-        optimizers, schedulers = self.strategy.prepared_steppers()
-        if not optimizers:
-            raise MegatronConfigError(
-                "model(**batch) runs the whole training step under Megatron (forward, backward, optimizer and "
-                "scheduler step, as Accelerate's Megatron-LM engine): prepare the optimizer before calling the model."
-            )
-        with self.strategy.driver.driving():
-            for optimizer in optimizers:
-                optimizer.zero_grad()
-            loss = step(self, batch)
-            for optimizer in optimizers:
-                optimizer.step()
-            for scheduler in schedulers:
-                scheduler.step()
-        return loss.detach()

@@ -201,13 +201,17 @@ class MegatronPlugin:
     custom_prepare_model_function: Callable[..., Any] | None = None
     """Refused: `ModelProvider` / `custom_model_provider_function` build the model; wrapping is prepare's."""
     custom_train_step_class: Any = None
-    """Refused: the step is `accelerator.strategy.train_step(model, batch, forward_fn, loss_fn)`."""
+    """Accelerate's train-step class, built as `cls(args, **custom_train_step_kwargs)`: its `forward_step(
+    data_iterator, model) -> (output_tensor, loss_func)` is what `model(**batch)` runs through megatron-core's
+    schedule (`accel_megatron.MegatronEngine`; base class `accel_megatron.AbstractTrainStep`)."""
     custom_train_step_kwargs: dict[str, Any] | None = None
-    """Refused with `custom_train_step_class`."""
+    """Keyword arguments of `custom_train_step_class` (refused without it)."""
     custom_get_batch_function: Callable[..., Any] | None = None
-    """Refused: `train_step`'s `forward_fn(model, micro_batch)` takes the batch apart."""
+    """`fn(data_iterator) -> (tokens, labels, loss_mask, attention_mask, position_ids)`: Accelerate's GPT step takes
+    each micro-batch apart with it (`model(**batch)` of a `MegatronEngine`)."""
     custom_loss_function: Callable[..., Any] | None = None
-    """Refused: `train_step`'s `loss_fn(output, micro_batch)` is the loss."""
+    """`fn(loss_mask, output_tensor) -> (loss, {"lm loss": ...})`: Accelerate's GPT step's loss over the model's
+    per-token losses (`model(**batch)` of a `MegatronEngine`)."""
     return_logits: bool = False
     """`train_step(..., forward_only=True)` returns `(loss, outputs)`: the last stage's outputs too."""
     context_parallel_size: int | None = None
@@ -348,16 +352,15 @@ class MegatronPlugin:
                 "exist here); leave it True",
             ),
         }
-        train_step = "accelerator.strategy.train_step(model, batch, forward_fn, loss_fn) is the step here"
         refused |= {
             "custom_prepare_model_function": (
                 self.custom_prepare_model_function is not None,
                 "prepare builds and wraps the model; give custom_model_provider_function or a ModelProvider",
             ),
-            "custom_train_step_class": (self.custom_train_step_class is not None, train_step),
-            "custom_train_step_kwargs": (bool(self.custom_train_step_kwargs), train_step),
-            "custom_get_batch_function": (self.custom_get_batch_function is not None, train_step),
-            "custom_loss_function": (self.custom_loss_function is not None, train_step),
+            "custom_train_step_kwargs": (
+                bool(self.custom_train_step_kwargs) and self.custom_train_step_class is None,
+                "they are the keyword arguments of custom_train_step_class, which is not set",
+            ),
             "encoder_seq_length": (self.encoder_seq_length is not None, "no encoder-decoder (T5) model here"),
             "decoder_seq_length": (self.decoder_seq_length is not None, "no encoder-decoder (T5) model here"),
         }

@@ -58,12 +58,7 @@ def run(
     dim 1 of the batch's first tensor). `outputs`: a list that receives the last stage's output
     of every micro-batch (detached), in order.
     """
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     micro_batches = split_micro_batches(batch, num_micro_batches)
-    # One iterator per model chunk: under the interleaved schedule every chunk draws each micro-batch.
-    queues = [iter(micro_batches) for _ in chunks]
 
     def forward_step(data_iterator: Any, stage: nn.Module) -> tuple[torch.Tensor, Callable[..., Any]]:
         micro_batch = next(data_iterator)
@@ -78,21 +73,88 @@ def run(
 
         return output, loss_func
 
+    losses = _schedule(chunks, micro_batches, forward_step, forward_only=forward_only, seq_length=seq_length)
+    mean = torch.zeros((), dtype=torch.float32)
+    if losses:
+        mean = torch.stack([entry["loss"].float().cpu() for entry in losses]).mean()
+    return _from_last_stage(mean)
+
+
+def _schedule(
+    chunks: list[nn.Module],
+    micro_batches: list[Any],
+    forward_step: Callable[..., Any],
+    *,
+    forward_only: bool,
+    seq_length: int | None,
+) -> list[dict[str, Any]]:
+    """megatron-core's forward-backward function over `micro_batches`; the last stage's loss dicts."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    # One iterator per model chunk: under the interleaved schedule every chunk draws each micro-batch.
+    queues = [iter(micro_batches) for _ in chunks]
     micro_batch_size, batch_seq = _shape(micro_batches[0])
-    losses = get_forward_backward_func()(
+    return get_forward_backward_func()(  # type: ignore[no-any-return]
         forward_step_func=forward_step,
         data_iterator=queues if len(chunks) > 1 else queues[0],
         model=chunks,
-        num_microbatches=num_micro_batches,
+        num_microbatches=len(micro_batches),
         seq_length=seq_length or batch_seq,
         micro_batch_size=micro_batch_size,
         forward_only=forward_only,
     )
-    mean = torch.zeros((), dtype=torch.float32)
-    if losses:
-        mean = torch.stack([entry["loss"].float().cpu() for entry in losses]).mean()
+
+
+def _from_last_stage(value: torch.Tensor) -> torch.Tensor:
+    """`value` of the last pipeline stage on every stage (only the last stage computes the loss)."""
+    from megatron.core import parallel_state
+
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        # Only the last stage computes the loss; every stage returns it.
         group = parallel_state.get_pipeline_model_parallel_group()
-        dist.broadcast(mean, src=parallel_state.get_pipeline_model_parallel_last_rank(), group=group)
-    return mean
+        dist.broadcast(value, src=parallel_state.get_pipeline_model_parallel_last_rank(), group=group)
+    return value
+
+
+def run_forward_step(
+    chunks: list[nn.Module],
+    batch: Any,
+    forward_step: Callable[[Any, nn.Module], tuple[Any, Callable[..., Any]]],
+    num_micro_batches: int,
+    *,
+    forward_only: bool = False,
+    seq_length: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Megatron-LM's train-step protocol: `forward_step(data_iterator, model) -> (output, loss_func)`, with
+    `loss_func(output) -> (loss, {name: value})`, over the batch's micro-batches (one iterator per chunk).
+
+    Returns Accelerate's reduction, from the last stage: each scalar of the loss dicts averaged over the
+    micro-batches, other tensors (e.g. "logits") concatenated; and the step's loss, the sum of those scalars, on
+    every pipeline stage (the dict is empty on the others).
+    """
+    micro_batches = split_micro_batches(batch, num_micro_batches)
+
+    def reported(data_iterator: Any, model: nn.Module) -> tuple[Any, Callable[..., Any]]:
+        output, loss_func = forward_step(data_iterator, model)
+
+        def loss_and_report(output_tensor: Any) -> Any:
+            result = loss_func(output_tensor)
+            # Copies: megatron-core divides the returned loss by the micro-batch count in place, which would also
+            # halve a reported value that is a view of it (`{"lm loss": loss.detach()}`).
+            report = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in result[-1].items()}
+            return (*result[:-1], report)
+
+        return output, loss_and_report
+
+    entries = _schedule(chunks, micro_batches, reported, forward_only=forward_only, seq_length=seq_length)
+    reduced: dict[str, torch.Tensor] = {}
+    for key in entries[0] if entries else {}:
+        values = [entry[key] for entry in entries]
+        if values[0].dim() == 0:
+            reduced[key] = torch.stack([v.float() for v in values]).mean()
+        else:
+            reduced[key] = torch.cat(values)
+    total = torch.zeros((), dtype=torch.float32)
+    for value in reduced.values():
+        if value.dim() == 0:
+            total = total + value.detach().float().cpu()
+    return _from_last_stage(total), reduced

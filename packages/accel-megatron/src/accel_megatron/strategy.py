@@ -17,7 +17,7 @@ import torch
 from accel.strategies.base import Strategy
 from torch import nn
 
-from . import checkpoint, hf, parallel, schedule
+from . import checkpoint, engine, hf, parallel, schedule
 from .data import DatasetsBuilder, MegatronLMDummyDataLoader
 from .optim import (
     MegatronLMDummyScheduler,
@@ -129,8 +129,9 @@ class MegatronStrategy(Strategy):
         provider = self.plugin.custom_model_provider_function
         if provider is not None and not isinstance(model, parallel.ModelProvider) and not _is_megatron_module(model):
             model = parallel.ModelProvider(provider)  # Accelerate: it builds the model in place of the one given
-        hf_weights = None
+        hf_weights, hf_config = None, None
         if provider is None and hf.is_hf_model(model):
+            hf_config = model.config
             # Accelerate's model parsers: the Hugging Face config gives the megatron-core network; its weights
             # are converted into megatron-core's layout and loaded into this process's shards.
             hf_weights = hf.to_megatron(model.state_dict(), model.config)
@@ -153,8 +154,8 @@ class MegatronStrategy(Strategy):
             wrapped.append(parallel.wrap_ddp(stage, self.plugin, ctx.device, first_chunk=i == 0))
         self.models.extend(wrapped)
         self._prepared_models += 1
-        if hf_weights is not None:  # model(**batch) runs Accelerate's Megatron-LM engine step
-            return hf.HFEngine(wrapped, self)
+        if engine.uses_engine(self.plugin, hf_config):  # model(**batch) runs Accelerate's Megatron-LM engine step
+            return engine.MegatronEngine(wrapped, self, hf_config)
         # One chunk: the DDP-wrapped model itself; the interleaved schedule's chunks: one container.
         return wrapped[0] if len(wrapped) == 1 else parallel.ModelChunks(wrapped)
 
@@ -162,7 +163,7 @@ class MegatronStrategy(Strategy):
         from megatron.core.distributed import DistributedDataParallel
         from megatron.core.transformer.module import Float16Module
 
-        if isinstance(model, hf.HFEngine) and len(model.chunks) == 1:
+        if isinstance(model, engine.MegatronEngine) and len(model.chunks) == 1:
             model = model.chunks[0]
         if isinstance(model, DistributedDataParallel):
             model = model.module
@@ -317,6 +318,31 @@ class MegatronStrategy(Strategy):
         if outputs is None:
             return loss
         return loss, (torch.cat(outputs) if outputs else None)
+
+    def run_forward_step(
+        self, model: nn.Module, batch: Any, forward_step: Callable[..., Any], *, forward_only: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One batch through megatron-core's schedule with Megatron-LM's `forward_step(data_iterator, model)`
+        (Accelerate's train-step protocol); returns the step's loss on every pipeline stage and the last stage's
+        loss dict averaged over micro-batches (`schedule.run_forward_step`). Gradients stay in DDP's buffers."""
+        assert self.device is not None, "prepare a model first"
+        if not forward_only and self.driver.skips():
+            raise MegatronConfigError(
+                "This run's steps go through model(**batch) (Accelerate's Megatron-LM engine), which steps the "
+                "optimizer itself; train either by calling the model or through train_step, not both."
+            )
+        with self.redirect():
+            loss, reduced = schedule.run_forward_step(
+                parallel.chunks_of(model),
+                batch,
+                forward_step,
+                self.plugin.num_micro_batches,
+                forward_only=forward_only,
+                seq_length=self.plugin.seq_length,
+            )
+        if not forward_only:
+            self._record_loss(loss, scheduled=True)
+        return loss, reduced
 
     def log_eval_results(self, results: dict[str, float]) -> None:
         """Accelerate's `log_eval_results`: each evaluation metric (e.g. the mean loss of the `forward_only`

@@ -66,9 +66,41 @@ LAYOUTS = {
     "gpt2": {"pp_degree": 2, "num_micro_batches": 2},
     "llama": {"tp_degree": 2},
     "llama_dp": {},
+    # Accelerate's train-step protocol: a custom_train_step_class whose Megatron-LM forward_step computes the
+    # Hugging Face loss from megatron-core's per-token losses (model(..., labels=...)), under PP=2.
+    "gpt2_custom": {"pp_degree": 2, "num_micro_batches": 2},
 }
-ACCELERATE_LOOP = {"gpt2", "llama_dp"}
+ACCELERATE_LOOP = {"gpt2", "llama_dp", "gpt2_custom"}
 """Runs trained as Accelerate's Megatron-LM examples train (`model(**batch)`); the others through GPTTrainStep."""
+
+
+class HFLossStep:
+    """A `custom_train_step_class` as Accelerate's users write them: built with Megatron-LM's args and the plugin's
+    `custom_train_step_kwargs`; `forward_step(data_iterator, model) -> (output, loss_func)`."""
+
+    def __init__(self, args, ignore_index):
+        from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+
+        self.args = args
+        self.ignore_index = ignore_index
+        self.model_output_class = CausalLMOutputWithCrossAttentions
+
+    def forward_step(self, data_iterator, model):
+        from accel_megatron import avg_losses_across_data_parallel_group
+
+        micro = next(data_iterator)
+        tokens, labels = micro["input_ids"], micro["labels"]
+        shifted = torch.full_like(labels, self.ignore_index)
+        shifted[:, :-1] = labels[:, 1:]
+        mask = (shifted != self.ignore_index).float()
+        positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        per_token = model(tokens, positions, None, labels=shifted.clamp(min=0))
+
+        def loss_func(output):
+            loss = (output.float() * mask).sum() / mask.sum()
+            return loss, {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
+
+        return per_token, loss_func
 
 
 def build(family: str) -> torch.nn.Module:
@@ -127,11 +159,15 @@ def model_parallel(out: Path) -> None:
 
     result = {}
     for run, layout in LAYOUTS.items():
-        family = run.removesuffix("_dp")
+        family = run.removesuffix("_dp").removesuffix("_custom")
         AcceleratorState._reset_state(reset_partial_state=False)  # one Accelerator per model, as in Accelerate
         GradientState._reset_state()
         parallel_state.destroy_model_parallel()  # each model its own layout
         plugin = MegatronPlugin(**layout, return_logits=True)
+        if run.endswith("_custom"):
+            plugin = MegatronPlugin(
+                **layout, custom_train_step_class=HFLossStep, custom_train_step_kwargs={"ignore_index": -100}
+            )
         accelerator = Accelerator(megatron_lm_plugin=plugin, split_batches=run.endswith("_dp"))
         hf_model = build(family)
         model = accelerator.prepare(hf_model)
@@ -163,6 +199,15 @@ def model_parallel(out: Path) -> None:
         accelerator.save_model(model, target)
         if accelerator.is_main_process:
             hf_model.config.save_pretrained(target)
+        if run.endswith("_custom"):  # what the class was built with: Megatron-LM's names and the parsed model
+            args = model._handler.args
+            result["custom_args"] = [
+                args.tensor_model_parallel_size,
+                args.pipeline_model_parallel_size,
+                args.num_layers,
+                args.num_micro_batches,
+                args.model_type_name,
+            ]
         result[run] = {
             "losses": losses,
             "lrs": lrs,

@@ -51,7 +51,7 @@ REASONS: dict[str, str] = {
         "Accelerate's config files and SageMaker launcher: `accel config` writes accel's config and reads "
         "Accelerate's; SageMaker is not supported"
     ),
-    r"MegatronLMDummy(Scheduler|DataLoader)|GPTTrainStep|avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
+    r"MegatronLMDummy(Scheduler|DataLoader)|MegatronEngine|AbstractTrainStep|GPTTrainStep|avg_losses_across_data_parallel_group|gather_across_data_parallel_groups": (
         "Megatron-LM support comes from the accel-megatron package, which has this name: "
         "`from accel_megatron import ...` (`pip install 'accel-megatron[megatron]'`)"
     ),
