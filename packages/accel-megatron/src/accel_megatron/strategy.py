@@ -194,7 +194,9 @@ class MegatronStrategy(Strategy):
         self._built[id(optimizer)] = built
         if built._logger is not None:  # Megatron-LM's batch size: the samples of one optimizer step
             steps = ctx.gradient_accumulation_steps
-            built._logger.batch_size = lambda: None if self.global_batch_size is None else self.global_batch_size * steps
+            built._logger.batch_size = lambda: (
+                None if self.global_batch_size is None else self.global_batch_size * steps
+            )
         return built
 
     def _scheduler(self, scheduler: Any, owners: dict[int, Any], prepared: Prepared) -> Any:
