@@ -9,6 +9,7 @@ learning rates, the batches each rank saw, and its `save_model` output.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,13 @@ def _check_tensorboard(reference: Path, mode: str, ref: dict, merged: dict[str, 
     got, one = scalars(mode), scalars("ref")
     tracked = ["learning-rate", "batch-size", "lm loss", "loss-scale", "world-size", "grad-norm", "num-zeros"]
     tracked.append("params-norm")
-    assert set(got) == {*tracked, *(f"{name} vs samples" for name in tracked), "iteration-time"}, sorted(got)
+    validation = ["lm loss validation", "lm loss validation ppl"]
+    expected = {*tracked, *validation, *(f"{name} vs samples" for name in tracked + validation), "iteration-time"}
+    assert set(got) == expected, sorted(got)
+    # log_eval_results after the 4 steps (32 samples): the forward-only evaluation's loss.
+    assert got["lm loss validation"] == [(4, pytest.approx(ref["eval"], rel=1e-5))]
+    assert got["lm loss validation vs samples"] == [(32, pytest.approx(ref["eval"], rel=1e-5))]
+    assert got["lm loss validation ppl vs samples"] == [(32, pytest.approx(math.exp(ref["eval"]), rel=1e-5))]
     steps = [1, 2, 3, 4]
     samples = [8 * s for s in steps]  # Megatron-LM's consumed samples: the global batch (8) per step
     for name in tracked:

@@ -140,6 +140,8 @@ else:
     with torch.no_grad():
         outputs = forward(model, eval_batch)
         evaluated = loss_fn(outputs, eval_batch)
+# Accelerate's log_eval_results (only under tensorboard_dir: ref, pp, accum).
+accelerator.strategy.log_eval_results({"lm loss": float(evaluated)})
 all_outputs = [None] * accelerator.num_processes
 dist.all_gather_object(all_outputs, None if outputs is None else outputs.tolist())
 
