@@ -9,6 +9,7 @@ learning rates, the batches each rank saw, and its `save_model` output.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,53 @@ def test_two_ranks_match_the_one_process_reference(reference: Path, mode: str) -
     for name, value in plain.items():
         assert merged[name].shape == value.shape, name
         torch.testing.assert_close(merged[name], value, rtol=0, atol=2e-4, msg=name)
+    if mode in ("pp", "accum"):
+        _check_tensorboard(reference, mode, ref, merged)
+
+
+def _check_tensorboard(reference: Path, mode: str, ref: dict, merged: dict[str, torch.Tensor]) -> None:
+    """Megatron-LM's training scalars from the last process of the two, against the one-process run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(run: str) -> dict[str, list[tuple[int, float]]]:
+        events = EventAccumulator(str(reference / f"{run}_tb"))
+        events.Reload()
+        return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+    got, one = scalars(mode), scalars("ref")
+    tracked = ["learning-rate", "batch-size", "lm loss", "loss-scale", "world-size", "grad-norm", "num-zeros"]
+    tracked.append("params-norm")
+    validation = ["lm loss validation", "lm loss validation ppl"]
+    expected = {*tracked, *validation, *(f"{name} vs samples" for name in tracked + validation), "iteration-time"}
+    assert set(got) == expected, sorted(got)
+    # log_eval_results after the 4 steps (32 samples): the forward-only evaluation's loss.
+    assert got["lm loss validation"] == [(4, pytest.approx(ref["eval"], rel=1e-5))]
+    assert got["lm loss validation vs samples"] == [(32, pytest.approx(ref["eval"], rel=1e-5))]
+    assert got["lm loss validation ppl vs samples"] == [(32, pytest.approx(math.exp(ref["eval"]), rel=1e-5))]
+    steps = [1, 2, 3, 4]
+    samples = [8 * s for s in steps]  # Megatron-LM's consumed samples: the global batch (8) per step
+    for name in tracked:
+        assert [s for s, _ in got[name]] == steps and [s for s, _ in got[f"{name} vs samples"]] == samples, name
+        assert [v for _, v in got[name]] == [v for _, v in got[f"{name} vs samples"]], name
+
+    def values(name: str, run: dict = got) -> list[float]:
+        return [v for _, v in run[name]]
+
+    assert values("batch-size") == [8.0] * 4, "micro-batches x data-parallel size x accumulation"
+    assert values("world-size") == [2.0] * 4 and values("world-size", one) == [1.0] * 4
+    assert values("loss-scale") == [1.0] * 4
+    assert values("learning-rate") == pytest.approx([0.005, 0.0075, 0.01, 0.01]), "the rate each step used"
+    assert values("lm loss") == pytest.approx(ref["losses"], rel=1e-5)
+    assert values("grad-norm") == pytest.approx(ref["norms"], rel=1e-4)
+    # Zero gradient entries over every shard, each parameter once (ordinary ones are the unseen tokens' embedding
+    # rows; a few more or fewer where summing micro-batches rounds to exactly zero or not).
+    numel = sum(w.numel() for w in merged.values())
+    assert values("num-zeros") == pytest.approx(values("num-zeros", one), rel=0.05) and max(values("num-zeros")) < numel
+    # The parameter norm of the whole model, each tensor-parallel duplicate once, whatever the sharding.
+    assert values("params-norm") == pytest.approx(values("params-norm", one), rel=1e-5)
+    full = torch.cat([w.float().flatten() for w in merged.values()])
+    assert values("params-norm")[-1] == pytest.approx(float(full.norm()), rel=1e-5)
+    assert len(got["iteration-time"]) == 4 and all(v > 0 for v in values("iteration-time"))
 
 
 def test_moe_expert_parallel_two_ranks_match_one_process(tmp_path: Path) -> None:

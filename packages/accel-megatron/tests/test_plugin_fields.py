@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -307,10 +308,14 @@ def test_schedule_fields_with_a_torch_scheduler_and_bad_lengths_are_refused(mega
 
 
 def test_tensorboard_dir_gets_megatrons_training_scalars(megatron_world, tmp_path: Path) -> None:
+    """One process, no prepared DataLoader: no global batch size, so no "batch-size" and no "vs samples" scalars
+    (the two-process test in test_parallel_training checks those)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     plugin = MegatronPlugin(tensorboard_dir=str(tmp_path / "tb"), set_all_logging_options=True, gradient_clipping=1.0)
+    started = time.perf_counter()
     run = _train(plugin, scheduler=lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.5, total_iters=2))
+    took = time.perf_counter() - started
     run["accelerator"].strategy.log_eval_results({"lm loss": 2.0})
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
@@ -318,9 +323,12 @@ def test_tensorboard_dir_gets_megatrons_training_scalars(megatron_world, tmp_pat
     assert set(scalars) == {
         "lm loss",
         "learning-rate",
-        "weight-decay",
+        "loss-scale",
+        "world-size",
         "grad-norm",
         "num-zeros",
+        "params-norm",
+        "iteration-time",
         "lm loss validation",
         "lm loss validation ppl",
     }
@@ -331,7 +339,12 @@ def test_tensorboard_dir_gets_megatrons_training_scalars(megatron_world, tmp_pat
     # Logged after the optimizer step, before the scheduler's: the rate the step used.
     assert scalars["learning-rate"] == pytest.approx([5e-3, 7.5e-3, 1e-2])
     assert scalars["grad-norm"] == pytest.approx(run["norms"], rel=1e-6)
+    assert scalars["loss-scale"] == [1.0] * 3 and scalars["world-size"] == [1.0] * 3
     assert all(n >= 0 for n in scalars["num-zeros"])
+    # After the last step: the norm of the trained weights.
+    full = torch.cat([w.float().flatten() for w in run["weights"].values()])
+    assert scalars["params-norm"][-1] == pytest.approx(float(full.norm()), rel=1e-5)
+    assert all(t > 0 for t in scalars["iteration-time"]) and sum(scalars["iteration-time"]) < took
 
 
 def test_no_save_optim_and_no_load_optim(megatron_world, tmp_path: Path) -> None:

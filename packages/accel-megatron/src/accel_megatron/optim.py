@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .plugin import MegatronConfigError, MegatronPlugin
+from .tensorboard import TensorBoardLog
 
 _SCHEDULER_HELP = (
     "Use LinearLR (warmup or linear decay), CosineAnnealingLR, ConstantLR with factor=1, or build a "
@@ -314,50 +315,6 @@ def param_group_overrides(config: Any, plugin: MegatronPlugin) -> Any:
         key = ParamKey(with_name_predicate=ParamWithNamePredicate("scale_lr_cond", lambda p, n: scale_lr(n, p)))
         overrides[key] = {"lr_mult": float(plugin.lr_mult)}
     return overrides
-
-
-class TensorBoardLog:
-    """Megatron-LM's training scalars in TensorBoard (`MegatronPlugin.tensorboard_dir`), written by the
-    last process as Megatron-LM's writer is, after every optimizer step: "lm loss" (the step's mean loss
-    over the data-parallel replicas), "learning-rate", "weight-decay", "grad-norm", "loss-scale" (fp16),
-    "num-zeros" (`set_all_logging_options`)."""
-
-    def __init__(self, directory: str, everything: bool) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=directory)
-        self.everything = everything
-
-    @classmethod
-    def create(cls, plugin: MegatronPlugin) -> TensorBoardLog | None:
-        import torch.distributed as dist
-
-        if plugin.tensorboard_dir is None:
-            return None
-        last = dist.get_world_size() - 1 if dist.is_initialized() else 0
-        if (dist.get_rank() if dist.is_initialized() else 0) != last:
-            return None
-        try:
-            return cls(plugin.tensorboard_dir, plugin.set_all_logging_options)
-        except ImportError:
-            raise MegatronConfigError(
-                "MegatronPlugin.tensorboard_dir needs the tensorboard package: pip install tensorboard"
-            ) from None
-
-    def log(self, optimizer: MegatronOptimizer, zeros: Any, loss: float | None = None) -> None:
-        step = optimizer.iteration
-        if loss is not None:
-            self.writer.add_scalar("lm loss", loss, step)
-        group = next((g for g in optimizer.param_groups if g.get("default_config", True)), optimizer.param_groups[0])
-        self.writer.add_scalar("learning-rate", float(group["lr"]), step)
-        self.writer.add_scalar("weight-decay", float(group.get("weight_decay", 0.0)), step)
-        if optimizer.grad_norm is not None:
-            self.writer.add_scalar("grad-norm", optimizer.grad_norm, step)
-        if optimizer.inner.config.fp16:
-            self.writer.add_scalar("loss-scale", float(optimizer.inner.get_loss_scale()), step)
-        if self.everything and zeros is not None:
-            self.writer.add_scalar("num-zeros", float(zeros), step)
-        self.writer.flush()
 
 
 class MegatronLMDummyScheduler:

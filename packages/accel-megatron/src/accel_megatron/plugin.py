@@ -223,12 +223,12 @@ class MegatronPlugin:
 
     # ---- logging ----------------------------------------------------------------------
     tensorboard_dir: str | None = None
-    """Write Megatron's training scalars to TensorBoard here at every optimizer step (from the last
-    process, as Megatron-LM does): "learning-rate", "grad-norm", "loss-scale" (fp16),
-    "weight-decay"."""
+    """Write Megatron-LM's training scalars to TensorBoard here at every optimizer step (from the last
+    process, as Megatron-LM does): "learning-rate", "batch-size", "lm loss", "loss-scale", "grad-norm",
+    each also "... vs samples" (see `accel_megatron.tensorboard.TensorBoardLog`)."""
     set_all_logging_options: bool = False
-    """Also log "num-zeros" (zero gradient entries) and "params-norm", as Megatron-LM's
-    `--log-num-zeros-in-grad` / `--log-params-norm`."""
+    """Every Megatron-LM logging option, as Accelerate sets them: also "world-size", "num-zeros",
+    "params-norm" (each with "vs samples"), "iteration-time" and, on CUDA, the memory scalars."""
 
     def __post_init__(self) -> None:
         self._coerce_settings()

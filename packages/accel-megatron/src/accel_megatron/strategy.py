@@ -206,6 +206,11 @@ class MegatronStrategy(Strategy):
         built = build_optimizer(optimizer, self.models, self.plugin, self.redirect, ctx.mixed_precision)
         built.driver = self.driver
         self._built[id(optimizer)] = built
+        if built._logger is not None:  # Megatron-LM's batch size: the samples of one optimizer step
+            steps = ctx.gradient_accumulation_steps
+            built._logger.batch_size = lambda: (
+                None if self.global_batch_size is None else self.global_batch_size * steps
+            )
         return built
 
     def _scheduler(self, scheduler: Any, owners: dict[int, Any], prepared: Prepared) -> Any:
@@ -347,8 +352,8 @@ class MegatronStrategy(Strategy):
     def log_eval_results(self, results: dict[str, float]) -> None:
         """Accelerate's `log_eval_results`: each evaluation metric (e.g. the mean loss of the `forward_only`
         steps, averaged over the data-parallel replicas) to TensorBoard as "{name} validation" and
-        "{name} validation ppl" (exp, capped at e^20) at the current optimizer step, and printed by the
-        last process, as Megatron-LM does. Nothing without `tensorboard_dir` or before the first step."""
+        "{name} validation ppl" (exp, capped at e^20) at the current optimizer step, each also "... vs samples"
+        (consumed samples), and printed by the last process, as Megatron-LM does. Nothing without `tensorboard_dir` or before the first step."""
         import math
 
         import torch.distributed as dist
@@ -360,14 +365,8 @@ class MegatronStrategy(Strategy):
             f"{name} value: {float(value)} | {name} PPL: {math.exp(min(20.0, float(value)))}"
             for name, value in results.items()
         )
-        logger = optimizer._logger
-        if logger is not None:
-            for name, value in results.items():
-                logger.writer.add_scalar(f"{name} validation", float(value), optimizer.iteration)
-                logger.writer.add_scalar(
-                    f"{name} validation ppl", math.exp(min(20.0, float(value))), optimizer.iteration
-                )
-            logger.writer.flush()
+        if optimizer._logger is not None:
+            optimizer._logger.log_eval(results, optimizer.iteration)
         if not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1:
             print("-" * (len(line) + 1) + "\n" + line + "\n" + "-" * (len(line) + 1))
 

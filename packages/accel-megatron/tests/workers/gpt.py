@@ -4,7 +4,8 @@ MODE: ref (one process, no model parallelism: the reference), tp (TP=2), dp (DP=
 megatron-core's DDP, overlapped bucketed reduction), dpopt (DP=2 with the distributed optimizer), pp (PP=2,
 pipeline schedule, 1 + 3 layers), vpp (PP=2 with 2 virtual stages per process: the interleaved schedule), accum
 (TP=2 with selective recomputation, 2 accumulated half-batches per step).
-Every mode starts from the reference's initial full weights and writes its per-step losses and gradient norms.
+Every mode starts from the reference's initial full weights and writes its per-step losses and gradient norms;
+ref, pp and accum also write Megatron-LM's TensorBoard scalars to OUT_DIR/MODE_tb.
 """
 
 import json
@@ -27,17 +28,19 @@ mode, out = sys.argv[1], Path(sys.argv[2])
 
 
 STEPS, VOCAB, SEQ, BATCH = 4, 64, 8, 8
+# Megatron-LM's TensorBoard scalars (every logging option) for the reference, TP=2 with accumulation and PP=2.
+logged = {"tensorboard_dir": str(out / f"{mode}_tb"), "set_all_logging_options": True}
 plugin = {
-    "ref": MegatronPlugin(),
+    "ref": MegatronPlugin(**logged),
     "tp": MegatronPlugin(tp_degree=2),
     # megatron-core's bucketed, overlapped gradient reduction (small buckets: several per step).
     "dp": MegatronPlugin(overlap_grad_reduce=True, bucket_size=2000),
     "dpopt": MegatronPlugin(use_distributed_optimizer=True),
     # An uneven split: 1 layer on the first stage, 3 on the last.
-    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2, decoder_last_pipeline_num_layers=3),
+    "pp": MegatronPlugin(pp_degree=2, num_micro_batches=2, decoder_last_pipeline_num_layers=3, **logged),
     "vpp": MegatronPlugin(pp_degree=2, virtual_pipeline_model_parallel_size=2, num_micro_batches=2),
     # Selective recomputation on top of TP=2 (sequence parallelism needs Apex/TE layer norms: not on CPU).
-    "accum": MegatronPlugin(tp_degree=2, recompute_activations=True),
+    "accum": MegatronPlugin(tp_degree=2, recompute_activations=True, **logged),
 }[mode]
 # Data-parallel modes split each batch of BATCH over the replicas, so one step sees the same
 # samples as the reference and the scheduler steps once per step (as on one process).
@@ -137,6 +140,8 @@ else:
     with torch.no_grad():
         outputs = forward(model, eval_batch)
         evaluated = loss_fn(outputs, eval_batch)
+# Accelerate's log_eval_results (only under tensorboard_dir: ref, pp, accum).
+accelerator.strategy.log_eval_results({"lm loss": float(evaluated)})
 all_outputs = [None] * accelerator.num_processes
 dist.all_gather_object(all_outputs, None if outputs is None else outputs.tolist())
 
