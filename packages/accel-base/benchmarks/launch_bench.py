@@ -73,6 +73,10 @@ def own_cost(script: Path, nproc: int, rounds: int, env: dict[str, str]) -> dict
 def measure(rounds: int, warmup: int, nproc: int) -> dict[str, object]:
     """Interleaved rounds; the figures of the rounds after the warm-up."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Both launchers run from compiled bytecode, as installed packages do (pip compiles them at install). With
+    # PYTHONDONTWRITEBYTECODE an editable checkout would recompile accel's modules on every launch (about 20 ms
+    # here) while torch's come precompiled; the warm-up rounds write accel's .pyc files.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "noop.py"
