@@ -180,17 +180,22 @@ def launch_table(out_dir: Path) -> None:
     print(
         f"\n## Launch: 2-process no-op, start to exit ({m['rounds']} interleaved rounds, load {load['before']}-{load['after']})\n"
     )
-    print("| | torchrun | accel launch | accel / torchrun (median of paired ratios, IQR) |")
+    print("| | torchrun | accel launch | accel / torchrun: median of paired ratios (IQR; 95% interval of the median) |")
     print("| --- | --- | --- | --- |")
     for label, times, key in (("wall", "median_seconds", "ratio"), ("CPU", "median_cpu_seconds", "cpu_ratio")):
         med = m[times]
         low, high = m[f"{key.replace('ratio', 'interquartile')}_accel_over_torchrun"]
+        ci_low, ci_high = m[f"{key.replace('ratio', 'median_95ci')}_accel_over_torchrun"]
         ratio = m[f"{key}_accel_over_torchrun"]
         print(
-            f"| {label} | {med['torchrun']:.3f} s | {med['accel launch']:.3f} s | {ratio:.3f} ({low:.3f}-{high:.3f}) |"
+            f"| {label} | {med['torchrun']:.3f} s | {med['accel launch']:.3f} s | {ratio:.3f} ({low:.3f}-{high:.3f}; "
+            f"{ci_low:.3f}-{ci_high:.3f}) |"
         )
     own = m["accel_launch_before_torchrun"]
-    print(f"\naccel launch's own work before torchrun starts: {own['wall_ms']:.0f} ms ({own['cpu_ms']:.0f} ms CPU)")
+    print(
+        f"\naccel launch's own work before torchrun starts: {own['wall_ms']:.0f} ms ({own['cpu_ms']:.0f} ms CPU), "
+        f"{100 * own['share_of_torchrun_median']:.1f}% of torchrun's median launch"
+    )
 
 
 def parallel_table(out_dir: Path) -> None:
