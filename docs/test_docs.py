@@ -101,13 +101,14 @@ def test_the_performance_page_quotes_the_committed_benchmark_data() -> None:
     shown = {names[row[0]]: float(row[1]) for row in table_rows(page, "strategy")}
     assert shown == {name: round(mb, 1) for name, mb in memory.items()}
 
-    sizes = json.loads((BENCH / "checkpoint.json").read_text())["data"]["sizes"]
-    quoted = [
-        (f"{size['megabytes']:.0f} MB", f"{r['median']:.2f}", f"{r['min']:.2f}-{r['max']:.2f}")
-        for size in sizes.values()
-        for r in size["ratios"].values()
-    ]
-    assert [(row[0], row[2], row[3]) for row in table_rows(page, "size")] == quoted
+    checkpoints = json.loads((BENCH / "checkpoint.json").read_text())["data"]
+    for header, run in (("size", checkpoints), ("size, 2 processes", checkpoints["two_processes"])):
+        quoted = [
+            (f"{size['megabytes']:.0f} MB", f"{r['median']:.2f}", f"{r['min']:.2f}-{r['max']:.2f}")
+            for size in run["sizes"].values()
+            for r in size["ratios"].values()
+        ]
+        assert [(row[0], row[2], row[3]) for row in table_rows(page, f"{header} |")] == quoted, header
     loader = json.loads((BENCH / "loader.json").read_text())["data"]
     expected = [
         loader["accel"] / loader["plain_distributed_sampler"],

@@ -1,13 +1,18 @@
 """Worker for `nox -s bench`: checkpoint and data-loader throughput against plain PyTorch.
 
-`checkpoint` (one process, at each of `--sizes` MB of model and AdamW state): `save_state` /
-`load_state` against the same files written and read without accel's manifest, hashes and
-staging (the model through `safetensors` `save_file`/`load_file` + `load_state_dict`, the
-optimizer through `torch.save`/`torch.load` + `load_state_dict`); `load_state` of the same
-checkpoint without its recorded digests (what verification costs); and how long
-`save_state(async_save=True)` blocks the training loop against a synchronous `save_state`. `loader` (launched on 2 processes): one epoch
-of a prepared loader (sharded, and with `dispatch_batches`) against a plain `DataLoader`
-with `DistributedSampler`, same dataset, batch size and shuffling. Writes medians to JSON.
+`checkpoint` (at each of `--sizes` MB of model and AdamW state): `save_state` / `load_state`
+against the same files written and read without accel's manifest, hashes and staging (the
+model through `safetensors` `save_file`/`load_file` + `load_state_dict`, the optimizer through
+`torch.save`/`torch.load` + `load_state_dict`); `load_state` of the same checkpoint without
+its recorded digests (what verification costs). Run directly it is one process, and also times
+how long `save_state(async_save=True)` blocks the training loop against a synchronous
+`save_state`. Under `accel launch --num-processes 2` the model is wrapped in DDP (gloo), rank 0
+writes the plain files (accel's writer is rank 0 too), every rank loads, and a variant's time is
+rank 0's wall time from a barrier before it to a barrier after it. Each variant's CPU time (this
+process, all its threads: hashing included) is recorded beside its wall time. `loader`
+(launched on 2 processes): one epoch of a prepared loader (sharded, and with `dispatch_batches`)
+against a plain `DataLoader` with `DistributedSampler`, same dataset, batch size and shuffling.
+Writes medians to JSON.
 """
 
 from __future__ import annotations
@@ -45,7 +50,11 @@ CHECKPOINT_RATIOS = {
 
 def checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """Paired rounds at each size: accel against the same files written and read without accel."""
-    return {"sizes": {f"{mb}MB": _checkpoint_size(args, mb) for mb in args.sizes}, "rounds": args.rounds}
+    return {
+        "sizes": {f"{mb}MB": _checkpoint_size(args, mb) for mb in args.sizes},
+        "rounds": args.rounds,
+        "processes": dist.get_world_size() if dist.is_initialized() else 1,
+    }
 
 
 def _model(megabytes: int) -> tuple[torch.nn.Module, int]:
@@ -54,6 +63,14 @@ def _model(megabytes: int) -> tuple[torch.nn.Module, int]:
     per_layer = 3 * 4 * (hidden * hidden + hidden)
     layers = max(1, round(megabytes * 1e6 / per_layer))
     return torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)]), hidden
+
+
+def _shared_directory(args: argparse.Namespace, accelerator: Accelerator) -> Path:
+    """A new temporary directory, the same one on every rank (rank 0 makes it)."""
+    made = [tempfile.mkdtemp(dir=args.dir) if accelerator.is_main_process else ""]
+    if dist.is_initialized():
+        dist.broadcast_object_list(made, src=0)
+    return Path(made[0])
 
 
 def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]:
@@ -65,10 +82,12 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
     from accel.checkpoint import background
 
     accelerator = Accelerator()
+    main = accelerator.is_main_process
     torch.manual_seed(0)
     model, hidden = _model(megabytes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, opt = accelerator.prepare(model, opt)
+    module = accelerator.unwrap_model(model)  # DDP's state dict keys carry "module."; the plain files do not
 
     def step() -> None:
         accelerator.backward(model(torch.randn(8, hidden)).sum())
@@ -76,21 +95,21 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
         opt.zero_grad()
 
     step()
-    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    nbytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     nbytes += sum(
         v.numel() * v.element_size() for s in opt.state_dict()["state"].values() for v in s.values() if v.ndim
     )
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        root = Path(tmp)
-        plain, ours, bare = root / "plain", root / "accel", root / "unverified"
-        plain.mkdir()
+    root = _shared_directory(args, accelerator)
+    plain, ours, bare = root / "plain", root / "accel", root / "unverified"
+    try:
 
         def plain_save() -> None:
-            save_file(model.state_dict(), str(plain / "model.safetensors"))
-            torch.save(opt.state_dict(), plain / "optimizer.bin")
+            if main:  # rank 0 writes, as accel's writer does
+                save_file(module.state_dict(), str(plain / "model.safetensors"))
+                torch.save(opt.state_dict(), plain / "optimizer.bin")
 
         def plain_load() -> None:
-            model.load_state_dict(load_file(str(plain / "model.safetensors")))
+            module.load_state_dict(load_file(str(plain / "model.safetensors")))
             opt.load_state_dict(torch.load(plain / "optimizer.bin", weights_only=True))
 
         def async_call() -> Callable[[], Any]:
@@ -107,16 +126,24 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
             "plain_load": plain_load,
             "accel_load": lambda: accelerator.load_state(ours),
             "accel_load_unverified": lambda: accelerator.load_state(bare),
-            "sync_save_call": lambda: accelerator.save_state(root / "sync"),
-            "async_save_call": async_call,
-            "step": step,
-            "step_during_async_save": step_during_save,
         }
+        if accelerator.num_processes == 1:
+            variants |= {
+                "sync_save_call": lambda: accelerator.save_state(root / "sync"),
+                "async_save_call": async_call,
+                "step": step,
+                "step_during_async_save": step_during_save,
+            }
         before = {"step_during_async_save": lambda: accelerator.save_state(root / "async", async_save=True)}
+        if main:
+            plain.mkdir()
         plain_save()
         accelerator.save_state(ours)
-        _without_hashes(ours, bare)
+        if main:
+            _without_hashes(ours, bare)
+        accelerator.wait_for_everyone()
         times: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
         loads: list[float] = []
         names = list(variants)
         for r in range(args.warmup + args.rounds):
@@ -127,18 +154,26 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
                     warnings.simplefilter("ignore")  # the unverified load's warning
                     if name in before:
                         before[name]()
-                    t0 = time.perf_counter()
+                    accelerator.wait_for_everyone()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     after = variants[name]()
-                    elapsed = time.perf_counter() - t0
+                    accelerator.wait_for_everyone()
+                    elapsed, used = time.perf_counter() - t0, time.process_time() - c0
                     if callable(after):
                         after()
                 if r >= args.warmup:
                     times[name].append(elapsed)
+                    cpu[name].append(used)
             if r >= args.warmup:
                 loads.append(os.getloadavg()[0])
+    finally:
+        accelerator.wait_for_everyone()
+        if main:
+            shutil.rmtree(root, ignore_errors=True)
     return {
         "megabytes": nbytes / 1e6,
         "median_seconds": {name: statistics.median(ts) for name, ts in times.items()},
+        "median_cpu_seconds": {name: statistics.median(ts) for name, ts in cpu.items()},
         "ratios": {
             label: {
                 "median": statistics.median(a / b for a, b in zip(times[num], times[den])),
@@ -147,6 +182,7 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
                 "of": [num, den],
             }
             for label, (num, den) in CHECKPOINT_RATIOS.items()
+            if num in times
         },
         "load_average_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "rounds": args.rounds,

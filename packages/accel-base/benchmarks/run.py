@@ -5,8 +5,9 @@
 2. Import cost: `python -X importtime -c "from accel import Accelerator"` against `import torch`.
 3. Checkpoints: `save_state`/`load_state` against the same files written and read without
    accel (safetensors for the model, torch.save/torch.load for the optimizer), verified against
-   unverified loads, and the stall of an asynchronous against a synchronous save, at 100 MB and
-   1 GB (one process; `--checkpoint-args "--rounds 5 --sizes 100"` passes options to io_bench).
+   unverified loads, at 100 MB and 1 GB, in one process (with the stall of an asynchronous against
+   a synchronous save) and in 2 gloo processes (DDP, rank 0 writes, both load); wall and CPU time
+   (`--checkpoint-args "--rounds 5 --sizes 100"` passes options to io_bench).
 4. Data loading: a prepared loader (sharded, and dispatched) against a plain DataLoader
    with DistributedSampler, 2 gloo processes.
 5. Memory: the bytes of live tensors each of 2 processes holds after an AdamW step, per
@@ -120,19 +121,26 @@ def launch_json(worker: list[str], nproc: int) -> dict[str, float]:
 
 
 def checkpoint_table(out_dir: Path, extra: list[str]) -> None:
+    """io_bench's checkpoint rounds in one process, then in 2 gloo processes (DDP: rank 0 writes, both load)."""
     m = launch_json([str(HERE / "io_bench.py"), "checkpoint", *extra], nproc=1)
+    m["two_processes"] = launch_json([str(HERE / "io_bench.py"), "checkpoint", *extra], nproc=2)
     save(out_dir, "checkpoint", m)
-    print("\n## Checkpoints, one process: model + AdamW state, median of paired per-round ratios (time)\n")
-    print("| size | operation | accel / baseline: median (min-max) | accel | baseline | load average (1 min) |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for size in m["sizes"].values():
-        load = size["load_average_1min"]
-        for label, r in size["ratios"].items():
-            ours, base = (size["median_seconds"][k] * 1e3 for k in r["of"])
-            print(
-                f"| {size['megabytes']:.0f} MB | {label} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
-                f"{ours:.0f} ms | {base:.0f} ms | {load['min']:.1f}-{load['max']:.1f} |"
-            )
+    for title, run in (("one process", m), ("2 gloo processes, DDP, rank 0 writes, both load", m["two_processes"])):
+        print(f"\n## Checkpoints, {title}: model + AdamW state, median of paired per-round ratios (time)\n")
+        print(
+            "| size | operation | accel / baseline: median (min-max) | accel | baseline | CPU, accel / baseline | load |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for size in run["sizes"].values():
+            load = size["load_average_1min"]
+            for label, r in size["ratios"].items():
+                ours, base = (size["median_seconds"][k] * 1e3 for k in r["of"])
+                cpu_ours, cpu_base = (size["median_cpu_seconds"][k] * 1e3 for k in r["of"])
+                print(
+                    f"| {size['megabytes']:.0f} MB | {label} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
+                    f"{ours:.0f} ms | {base:.0f} ms | {cpu_ours:.0f} / {cpu_base:.0f} ms | "
+                    f"{load['min']:.1f}-{load['max']:.1f} |"
+                )
 
 
 def loader_table(out_dir: Path) -> None:
