@@ -122,18 +122,21 @@ def test_the_performance_page_quotes_the_committed_benchmark_data() -> None:
             f"{label}, median",
             f"{launch[times]['torchrun']:.3f} s",
             f"{launch[times]['accel launch']:.3f} s",
-            "{:.2f} ({:.2f}-{:.2f})".format(
-                launch[f"{key}_accel_over_torchrun"], *launch[f"{spread}_accel_over_torchrun"]
+            "{:.2f} ({:.2f}-{:.2f}; {:.2f}-{:.2f})".format(
+                launch[f"{key}_accel_over_torchrun"],
+                *launch[f"{spread}_accel_over_torchrun"],
+                *launch[f"{interval}_accel_over_torchrun"],
             ),
         ]
-        for label, times, key, spread in (
-            ("wall time", "median_seconds", "ratio", "interquartile"),
-            ("CPU time of every process", "median_cpu_seconds", "cpu_ratio", "cpu_interquartile"),
+        for label, times, key, spread, interval in (
+            ("wall time", "median_seconds", "ratio", "interquartile", "median_95ci"),
+            ("CPU time of every process", "median_cpu_seconds", "cpu_ratio", "cpu_interquartile", "cpu_median_95ci"),
         )
     ]
     assert table_rows(page, "measure") == expected_launch
     own = launch["accel_launch_before_torchrun"]
     assert f"{own['wall_ms']:.0f} ms ({own['cpu_ms']:.0f} ms CPU)" in page
+    assert f"{100 * own['share_of_torchrun_median']:.1f}% of\ntorchrun's median launch" in page
 
     calls = json.loads((BENCH / "steps.json").read_text())["data"]["64"]["python_calls_per_step"]
     assert f"raw DDP {calls['raw_ddp_same_settings']:.0f}, accel {calls['accel']:.0f}" in page

@@ -130,7 +130,7 @@ def _paired(key: str, figures: dict[str, list[float]]) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
