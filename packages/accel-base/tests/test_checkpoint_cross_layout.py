@@ -156,7 +156,7 @@ try:
     acc.load_state(out / "changed")
     raise AssertionError("a changed optimizer.bin loaded")
 except CheckpointError as exc:
-    assert "optimizer.bin does not match the BLAKE3 hash" in str(exc), exc
+    assert "optimizer.bin does not match the XXH3-128 hash" in str(exc), exc
 assert not opt.optimizer.state and opt.optimizer.param_groups[0]["lr"] == 1e-2
 acc.print("CROSS OK")
 """

@@ -1,5 +1,5 @@
-"""Checkpoint digests: BLAKE3 computed in the one pass that writes or reads the bytes, SHA-256 manifests of earlier
-releases still verified, and the ranks agreeing in one collective per save step (2 gloo processes)."""
+"""Checkpoint digests: XXH3-128 computed in the one pass that writes or reads the bytes, BLAKE3 and SHA-256 manifests
+of earlier releases still verified, and the ranks agreeing in one collective per save step (2 gloo processes)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import blake3
 import pytest
 import torch
+import xxhash
 from accel import Accelerator
 from accel.checkpoint import io as checkpoint_io
 from accel.checkpoint.layout import MANIFEST
@@ -29,7 +30,7 @@ def _saved(tmp_path: Path) -> tuple[Accelerator, torch.nn.Module, Path]:
     return accelerator, model, Path(accelerator.save_state(tmp_path / "ckpt"))
 
 
-def test_a_save_records_the_blake3_of_every_file_without_reading_any_back(
+def test_a_save_records_the_xxh3_of_every_file_without_reading_any_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def second_pass(*args: object) -> str:
@@ -40,7 +41,7 @@ def test_a_save_records_the_blake3_of_every_file_without_reading_any_back(
     digests = json.loads((directory / MANIFEST).read_text())["sha256"]
     assert set(digests) == {"model.safetensors", "optimizer.bin", "dataloaders.json", "random_states_0.pt"}
     for name, recorded in digests.items():
-        assert recorded == "blake3:" + blake3.blake3((directory / name).read_bytes()).hexdigest(), name
+        assert recorded == "xxh3-128:" + xxhash.xxh3_128((directory / name).read_bytes()).hexdigest(), name
 
 
 def test_safetensors_written_here_read_back_by_safetensors_itself(tmp_path: Path) -> None:
@@ -63,14 +64,19 @@ def test_safetensors_written_here_read_back_by_safetensors_itself(tmp_path: Path
             assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
 
 
-def test_a_manifest_of_sha256_digests_still_verifies(tmp_path: Path) -> None:
+EARLIER = {
+    # As earlier releases wrote them: bare SHA-256 hex digests, then "blake3:<hex>".
+    "SHA-256": lambda data: hashlib.sha256(data).hexdigest(),
+    "BLAKE3 hash": lambda data: "blake3:" + blake3.blake3(data).hexdigest(),
+}
+
+
+@pytest.mark.parametrize("algorithm", list(EARLIER))
+def test_a_manifest_of_earlier_digests_still_verifies(tmp_path: Path, algorithm: str) -> None:
     accelerator, model, directory = _saved(tmp_path)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     manifest = json.loads((directory / MANIFEST).read_text())
-    # As an earlier release wrote it: bare SHA-256 hex digests.
-    manifest["sha256"] = {
-        name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in manifest["sha256"]
-    }
+    manifest["sha256"] = {name: EARLIER[algorithm]((directory / name).read_bytes()) for name in manifest["sha256"]}
     (directory / MANIFEST).write_text(json.dumps(manifest))
     with torch.no_grad():
         model.weight.zero_()
@@ -80,7 +86,7 @@ def test_a_manifest_of_sha256_digests_still_verifies(tmp_path: Path) -> None:
     data[-3] ^= 0x01
     (directory / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(
-        CheckpointError, match=r"model\.safetensors does not match the SHA-256 recorded when it was saved"
+        CheckpointError, match=rf"model\.safetensors does not match the {algorithm} recorded when it was saved"
     ):
         accelerator.load_state(directory)
 

@@ -267,7 +267,7 @@ def test_a_bit_flip_in_tensor_data_is_caught(tmp_path: Path, victim: str) -> Non
         load_file(str(directory / victim))
     else:
         torch.load(directory / victim, weights_only=True)
-    with pytest.raises(CheckpointError, match=rf"{victim} does not match the BLAKE3 hash recorded"):
+    with pytest.raises(CheckpointError, match=rf"{victim} does not match the XXH3-128 hash recorded"):
         s.accelerator.load_state(directory)
     before["rng"] = s.snapshot()["rng"]
     assert_same(s.snapshot(), before)

@@ -83,7 +83,7 @@ def test_pickle_payload_is_refused_and_never_runs(checkpoint: tuple[Accelerator,
     assert marker.exists()
     marker.unlink()
     # The recorded hash alone refuses it...
-    with pytest.raises(CheckpointError, match=rf"{victim} does not match the BLAKE3 hash recorded") as info:
+    with pytest.raises(CheckpointError, match=rf"{victim} does not match the XXH3-128 hash recorded") as info:
         accelerator.load_state(directory)
     assert not marker.exists()
     # ...and with a forged manifest, the weights-only loader still refuses it.

@@ -55,7 +55,7 @@ def test_a_bit_flip_is_still_caught_by_the_streamed_hash(tmp_path: Path) -> None
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x10  # inside tensor data, in a middle chunk
     path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match the BLAKE3 hash recorded"):
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match the XXH3-128 hash recorded"):
         accelerator.load_state(directory)
 
 

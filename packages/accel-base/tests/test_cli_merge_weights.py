@@ -221,25 +221,32 @@ def test_accelerates_merge_fsdp_weights_reads_safely_replaces_its_output_and_del
         merge_fsdp_weights(str(tmp_path / "missing"), str(tmp_path / "out3"))
 
 
-def test_shards_are_checked_against_blake3_and_older_sha256_manifests(sharded: Path, tmp_path: Path) -> None:
-    """A shard whose bytes differ from its manifest's digest is refused (nothing merged); a manifest written before
-    BLAKE3 (bare SHA-256 hex digests) still verifies and merges."""
+def test_shards_are_checked_against_xxh3_and_older_blake3_and_sha256_manifests(sharded: Path, tmp_path: Path) -> None:
+    """A shard whose bytes differ from its manifest's digest is refused (nothing merged); manifests written before
+    XXH3-128 (BLAKE3 "blake3:<hex>", bare SHA-256 hex digests) still verify and merge."""
     import hashlib
     import json
     import shutil
+
+    import blake3
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(sharded / "ckpt", ckpt)
     manifest_path = ckpt / "accel_checkpoint.json"
     manifest = json.loads(manifest_path.read_text())
     shards = sorted(n for n in manifest["sha256"] if n.startswith("pytorch_model_fsdp_0/") and n.endswith(".distcp"))
-    assert shards and all(manifest["sha256"][n].startswith("blake3:") for n in shards)
-    for name in shards:  # as a checkpoint written before BLAKE3 recorded them
-        manifest["sha256"][name] = hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
-    manifest_path.write_text(json.dumps(manifest))
-    merged = load_file(str(merge_weights(ckpt, tmp_path / "merged")))
+    assert shards and all(manifest["sha256"][n].startswith("xxh3-128:") for n in shards)
     reference = load_file(str(sharded / "reference.safetensors"))
-    assert all(torch.equal(merged[k], v) for k, v in reference.items())
+    earlier = {
+        "blake3": lambda data: "blake3:" + blake3.blake3(data).hexdigest(),
+        "sha256": lambda data: hashlib.sha256(data).hexdigest(),
+    }
+    for algorithm, digest in earlier.items():  # as checkpoints written before XXH3-128 recorded them
+        for name in shards:
+            manifest["sha256"][name] = digest((ckpt / name).read_bytes())
+        manifest_path.write_text(json.dumps(manifest))
+        merged = load_file(str(merge_weights(ckpt, tmp_path / f"merged_{algorithm}")))
+        assert all(torch.equal(merged[k], v) for k, v in reference.items()), algorithm
     shard = ckpt / shards[0]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF

@@ -57,7 +57,7 @@ def test_fsdp_v2_per_layer_on_four_spmd_devices_shards_and_resumes_exactly(tmp_p
     assert r["names"], "get_state_dict gives the user's names, without the units' _orig_module"
     assert {f"{d}_{i}/.metadata" for d in ("pytorch_model_fsdp", "optimizer") for i in (0, 1)} <= set(r["files"])
     assert not any(f.startswith(("model.safetensors", "optimizer.bin")) for f in r["files"])
-    assert "does not match the BLAKE3 hash recorded when it was saved" in r["refused"]
+    assert "does not match the XXH3-128 hash recorded when it was saved" in r["refused"]
     assert r["unchanged_after_refusal"]
     assert r["specs_kept"]
     assert r["resumed_bitwise"]

@@ -3,8 +3,8 @@
 - Weights are safetensors. Everything else is written with `torch.save` and read back with
   `torch.load(weights_only=True)`: a file that would need arbitrary code to unpickle is
   refused (`UnsafeCheckpointError`) and nothing in it runs.
-- Every writer returns the file's digest (`accel.checkpoint.digest`: BLAKE3, or SHA-256 for
-  manifests written before). Bytes are hashed on their way to the file, on another thread while
+- Every writer returns the file's digest (`accel.checkpoint.digest`: XXH3-128; BLAKE3 and SHA-256
+  digests of manifests written before still verify). Bytes are hashed on their way to the file, on another thread while
   the write goes on: no second pass over the file, no second copy of it in memory.
 - Safetensors files are written and read here, tensor by tensor straight from and into the
   tensors' memory, each buffer hashed (on another thread) as it passes. A torch file is parsed by
@@ -91,7 +91,8 @@ def _replace_into(path: Path, write: Callable[[Path], Any]) -> Any:
 def hash_file(path: str | os.PathLike[str], like: str | None = None) -> str:
     """The digest of a regular file, read in chunks, as a manifest records it.
 
-    `like`: a recorded digest, whose algorithm is used (SHA-256 for a bare one); BLAKE3 when None.
+    `like`: a recorded digest, whose algorithm is used (`accel.checkpoint.digest`); the default (XXH3-128)
+    when None.
 
     Raises:
         CheckpointError: `path` is a FIFO, device, socket or directory (naming it); nothing is read.
@@ -103,7 +104,7 @@ def hash_file(path: str | os.PathLike[str], like: str | None = None) -> str:
         st = os.fstat(fd)
         check_regular(Path(path), st.st_mode)
         if not digest.sha256 and st.st_size >= _CHUNK:
-            # BLAKE3 hashes the page cache in place, on several threads: no copy into a buffer.
+            # Hashed from the page cache in place: no copy into a buffer.
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
                 digest.update(mapped)
             return digest.text()
@@ -163,7 +164,7 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
     check_regular(path, mode)
     before = _identity(path)
     # The default algorithm's digest is asked for as `hash_file(path)`, the call every caller makes.
-    args = (path,) if sha256 is None or not Hasher(sha256).sha256 else (path, sha256)
+    args = (path,) if sha256 is None or Hasher(sha256).default else (path, sha256)
     digest = _hash_pool().submit(hash_file, *args) if sha256 is not None else None
     try:
         result, error = parse(path), None
