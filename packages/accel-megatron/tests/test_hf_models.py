@@ -232,3 +232,34 @@ def test_custom_batch_and_loss_functions_run_in_accelerates_gpt_step(megatron_wo
     for name, value in reference.state_dict().items():
         if name in trained:
             torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def test_evaluation_losses_are_logged_when_the_model_trains_again(megatron_world: None, tmp_path: Path, capsys) -> None:
+    """Accelerate's engine: `model.eval()` calls are averaged, and `model.train()` writes them to TensorBoard
+    ("lm loss validation" and its ppl at the current step) and prints Megatron-LM's line."""
+    import math
+
+    from accel import Accelerator
+    from accel_megatron import MegatronPlugin
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accelerator = Accelerator(megatron_lm_plugin=MegatronPlugin(tensorboard_dir=str(tmp_path / "tb")))
+    model = accelerator.prepare(_tiny_gpt2())
+    accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(5))
+    model.train()
+    model(input_ids=ids[:2])
+    model.eval()
+    losses = [model(input_ids=ids[:2]).loss.item(), model(input_ids=ids[2:]).loss.item()]
+    assert losses[0] != losses[1]
+    model.train()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    mean = sum(losses) / 2
+    assert logged["lm loss validation"] == [(1, pytest.approx(mean, rel=1e-6))]
+    assert logged["lm loss validation ppl"] == [(1, pytest.approx(math.exp(mean), rel=1e-6))]
+    assert f"validation loss at iteration 1 | lm loss value: {mean}" in capsys.readouterr().out
+    model.train()  # nothing new to log
+    events.Reload()
+    assert len(events.Scalars("lm loss validation")) == 1

@@ -138,7 +138,9 @@ class MegatronEngine(ModelChunks):
       pipeline stage. The user's `accelerator.backward(loss)`, `optimizer.step()`, `scheduler.step()` and
       `optimizer.zero_grad()` after it do nothing.
     - Evaluation mode (`model.eval()`): Accelerate's `eval_step`: the loss, and logits (the plugin's
-      `return_logits` with `GPTTrainStep`; a "logits" entry of a custom loss function's dict).
+      `return_logits` with `GPTTrainStep`; a "logits" entry of a custom loss function's dict). Under the plugin's
+      `tensorboard_dir` the evaluation losses are averaged until `model.train()`, which logs them as Accelerate's
+      engine does (`strategy.log_eval_results`: "{name} validation" and its ppl, and the printed line).
     - Positional arguments: megatron-core's model forward of the single chunk (for `strategy.train_step` /
       `GPTTrainStep` loops).
     """
@@ -148,6 +150,26 @@ class MegatronEngine(ModelChunks):
         self.strategy = strategy  # not a module: nn.Module keeps it as a plain attribute
         self.hf_config = hf_config
         self._handler: Any = None
+        self._eval_totals: dict[str, list[float]] = {}
+        """Under `tensorboard_dir`: each evaluation loss's sum and count since the last `train()`."""
+
+    def train(self, mode: bool = True) -> MegatronEngine:
+        """`nn.Module.train`; back in training mode after evaluation, the evaluation losses are logged (Accelerate's
+        `MegatronEngine.train` calls its `log_eval_results`)."""
+        super().train(mode)
+        if mode and self._eval_totals:
+            results = {name: total / count for name, (total, count) in self._eval_totals.items()}
+            self._eval_totals = {}
+            self.strategy.log_eval_results(results)
+        return self
+
+    def _keep_eval(self, losses: dict[str, Any]) -> None:
+        if self.strategy.plugin.tensorboard_dir is None:
+            return
+        for name, value in losses.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                total, count = self._eval_totals.get(name, [0.0, 0])
+                self._eval_totals[name] = [total + float(value), count + 1]
 
     def forward(self, *args: Any, **batch: Any) -> Any:
         if args:
@@ -170,6 +192,7 @@ class MegatronEngine(ModelChunks):
         else:
             with torch.no_grad():
                 loss, reduced = self.strategy.run_forward_step(self, batch, forward_step, forward_only=True)
+            self._keep_eval(reduced)
         output_class = getattr(handler, "model_output_class", None)
         if output_class is not None:
             return output_class(loss=loss, logits=reduced.get("logits"))
@@ -201,6 +224,7 @@ class MegatronEngine(ModelChunks):
         step = hf.GPTTrainStep(self.strategy)
         if not self.training:
             result = step.eval_step(self, batch)
+            self._keep_eval({"lm loss": result["lm loss"]})
             return CausalLMOutputWithCrossAttentions(loss=result["lm loss"], logits=result.get("logits"))
         loss, _ = self._train(lambda: (step(self, batch), {}))
         return CausalLMOutputWithCrossAttentions(loss=loss)
