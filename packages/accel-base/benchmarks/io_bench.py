@@ -65,6 +65,12 @@ def _model(megabytes: int) -> tuple[torch.nn.Module, int]:
     return torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)]), hidden
 
 
+def _paired(ours: list[float], base: list[float]) -> dict[str, float]:
+    """Median, minimum and maximum of the per-round ratios ours / base."""
+    ratios = [a / b for a, b in zip(ours, base)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
 def _shared_directory(args: argparse.Namespace, accelerator: Accelerator) -> Path:
     """A new temporary directory, the same one on every rank (rank 0 makes it)."""
     made = [tempfile.mkdtemp(dir=args.dir) if accelerator.is_main_process else ""]
@@ -175,12 +181,7 @@ def _checkpoint_size(args: argparse.Namespace, megabytes: int) -> dict[str, Any]
         "median_seconds": {name: statistics.median(ts) for name, ts in times.items()},
         "median_cpu_seconds": {name: statistics.median(ts) for name, ts in cpu.items()},
         "ratios": {
-            label: {
-                "median": statistics.median(a / b for a, b in zip(times[num], times[den])),
-                "min": min(a / b for a, b in zip(times[num], times[den])),
-                "max": max(a / b for a, b in zip(times[num], times[den])),
-                "of": [num, den],
-            }
+            label: _paired(times[num], times[den]) | {"of": [num, den]}
             for label, (num, den) in CHECKPOINT_RATIOS.items()
             if num in times
         },

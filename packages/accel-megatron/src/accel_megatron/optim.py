@@ -138,8 +138,9 @@ class MegatronOptimizer(torch.optim.Optimizer):
         """Optimizer steps taken (the x axis of the TensorBoard scalars)."""
         self.step_was_skipped = False
         """Whether the last step was skipped (fp16 gradients overflowed); the scheduler does not step then."""
-        self.driver: StepDriver | None = None
-        """Set by the strategy: under `model(**batch)` (Accelerate's Megatron-LM engine) the user's calls are no-ops."""
+        self.driver = StepDriver()
+        """The strategy's (shared with it): under `model(**batch)` (Accelerate's Megatron-LM engine) the user's calls
+        are no-ops."""
         # Set by clip_grad_norm_: gradients already reduced, copied to the main parameters and unscaled.
         self._ready: tuple[bool, float] | None = None
 
@@ -193,7 +194,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if closure is not None:
             raise ValueError("megatron-core's optimizer takes no closure.")
-        if self.driver is not None and self.driver.skips():
+        if self.driver.skips():
             return None  # model(**batch) stepped already (Accelerate's Megatron-LM engine)
         zeros = None
         with self._redirect():
@@ -237,7 +238,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
         return float(mean) / dist.get_world_size(group=group) if backward or scheduled else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.driver is not None and self.driver.skips():
+        if self.driver.skips():
             return  # model(**batch) zeroes them before its step
         self._ready = None
         with self._redirect():
@@ -474,8 +475,7 @@ class MegatronScheduler:
         self._step_count = 0
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        driver = self.optimizer.driver
-        if driver is not None and driver.skips():
+        if self.optimizer.driver.skips():
             return  # model(**batch) stepped it (Accelerate's Megatron-LM engine)
         self._step_count += 1
         self.inner.step(increment=self.increment)

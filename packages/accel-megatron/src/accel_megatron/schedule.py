@@ -58,7 +58,6 @@ def run(
     dim 1 of the batch's first tensor). `outputs`: a list that receives the last stage's output
     of every micro-batch (detached), in order.
     """
-    micro_batches = split_micro_batches(batch, num_micro_batches)
 
     def forward_step(data_iterator: Any, stage: nn.Module) -> tuple[torch.Tensor, Callable[..., Any]]:
         micro_batch = next(data_iterator)
@@ -68,16 +67,15 @@ def run(
             if outputs is not None:
                 outputs.append(output_tensor.detach().clone())
             loss = loss_fn(output_tensor, micro_batch)
-            # A copy: megatron-core divides the returned loss by the micro-batch count in place.
-            return loss, {"loss": loss.detach().clone()}
+            return loss, {"loss": loss.detach().float().mean()}  # a scalar, whatever shape loss_fn returns
 
         return output, loss_func
 
-    losses = _schedule(chunks, micro_batches, forward_step, forward_only=forward_only, seq_length=seq_length)
-    mean = torch.zeros((), dtype=torch.float32)
-    if losses:
-        mean = torch.stack([entry["loss"].float().cpu() for entry in losses]).mean()
-    return _from_last_stage(mean)
+    # The only scalar reported: the step's loss is its mean over the micro-batches.
+    loss, _ = run_forward_step(
+        chunks, batch, forward_step, num_micro_batches, forward_only=forward_only, seq_length=seq_length
+    )
+    return loss
 
 
 def _schedule(

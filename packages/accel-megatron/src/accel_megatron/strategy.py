@@ -300,12 +300,7 @@ class MegatronStrategy(Strategy):
         `return_logits` it returns `(loss, outputs)`, the last stage's outputs of the batch
         concatenated along dim 0 (None on other pipeline stages), as Accelerate's `eval_step`.
         """
-        assert self.device is not None, "prepare a model first"
-        if not forward_only and self.driver.skips():
-            raise MegatronConfigError(
-                "This run's steps go through model(**batch) (Accelerate's Megatron-LM engine), which steps the "
-                "optimizer itself; train either by calling the model or through train_step/GPTTrainStep, not both."
-            )
+        self._check_training_step(forward_only)
         outputs: list[torch.Tensor] | None = [] if forward_only and self.plugin.return_logits else None
         with self.redirect():
             loss = schedule.run(
@@ -330,12 +325,7 @@ class MegatronStrategy(Strategy):
         """One batch through megatron-core's schedule with Megatron-LM's `forward_step(data_iterator, model)`
         (Accelerate's train-step protocol); returns the step's loss on every pipeline stage and the last stage's
         loss dict averaged over micro-batches (`schedule.run_forward_step`). Gradients stay in DDP's buffers."""
-        assert self.device is not None, "prepare a model first"
-        if not forward_only and self.driver.skips():
-            raise MegatronConfigError(
-                "This run's steps go through model(**batch) (Accelerate's Megatron-LM engine), which steps the "
-                "optimizer itself; train either by calling the model or through train_step, not both."
-            )
+        self._check_training_step(forward_only)
         with self.redirect():
             loss, reduced = schedule.run_forward_step(
                 parallel.chunks_of(model),
@@ -349,21 +339,30 @@ class MegatronStrategy(Strategy):
             self._record_loss(loss, scheduled=True)
         return loss, reduced
 
+    def _check_training_step(self, forward_only: bool) -> None:
+        """A training step through `train_step`/`run_forward_step` after `model(**batch)` began stepping the
+        optimizer itself is refused: the loop's own `optimizer.step()` would do nothing."""
+        assert self.device is not None, "prepare a model first"
+        if not forward_only and self.driver.skips():
+            raise MegatronConfigError(
+                "This run's steps go through model(**batch) (Accelerate's Megatron-LM engine), which steps the "
+                "optimizer itself; train either by calling the model or through train_step/GPTTrainStep, not both."
+            )
+
     def log_eval_results(self, results: dict[str, float]) -> None:
         """Accelerate's `log_eval_results`: each evaluation metric (e.g. the mean loss of the `forward_only`
         steps, averaged over the data-parallel replicas) to TensorBoard as "{name} validation" and
         "{name} validation ppl" (exp, capped at e^20) at the current optimizer step, each also "... vs samples"
         (consumed samples), and printed by the last process, as Megatron-LM does. Nothing without `tensorboard_dir` or before the first step."""
-        import math
-
         import torch.distributed as dist
+
+        from .tensorboard import perplexity
 
         optimizer = next(iter(self._built.values()), None)
         if self.plugin.tensorboard_dir is None or optimizer is None or optimizer.iteration == 0:
             return
         line = f"validation loss at iteration {optimizer.iteration} | " + " | ".join(
-            f"{name} value: {float(value)} | {name} PPL: {math.exp(min(20.0, float(value)))}"
-            for name, value in results.items()
+            f"{name} value: {float(value)} | {name} PPL: {perplexity(float(value))}" for name, value in results.items()
         )
         if optimizer._logger is not None:
             optimizer._logger.log_eval(results, optimizer.iteration)

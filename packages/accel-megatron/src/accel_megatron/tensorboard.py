@@ -3,6 +3,7 @@ after each optimizer step under the logging options Accelerate sets (`set_all_lo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ def params_l2_norm(models: list[torch.nn.Module], bf16: bool = False) -> float:
     else:
         dense += sharded
     return float(dense + expert) ** 0.5
+
+
+def perplexity(loss: float) -> float:
+    """Megatron-LM's validation perplexity: exp of the loss, capped at e^20."""
+    return math.exp(min(20.0, loss))
 
 
 class TensorBoardLog:
@@ -160,11 +166,9 @@ class TensorBoardLog:
     def log_eval(self, results: dict[str, float], step: int) -> None:
         """Megatron-LM's validation scalars: "{name} validation" and "{name} validation ppl" (exp of the loss,
         capped at e^20), each also "vs samples"."""
-        import math
-
         if self.writer is None:
             return
         for name, value in results.items():
             self._add(f"{name} validation", float(value), step)
-            self._add(f"{name} validation ppl", math.exp(min(20.0, float(value))), step)
+            self._add(f"{name} validation ppl", perplexity(float(value)), step)
         self.writer.flush()
