@@ -167,7 +167,7 @@ def locate(
     if announce:
         warnings.warn(
             f"Checkpoint {directory} was written by Accelerate, which records no hashes: its files load unverified. "
-            "Saving it again with save_state writes an accel checkpoint with a SHA-256 for every file.",
+            "Saving it again with save_state writes an accel checkpoint with a digest of every file.",
             UserWarning,
             stacklevel=7,  # the caller of Accelerator.load_state
         )

@@ -6,9 +6,11 @@
 - Every writer returns the file's digest (`accel.checkpoint.digest`: XXH3-128; BLAKE3 and SHA-256
   digests of manifests written before still verify). Bytes are hashed on their way to the file, on another thread while
   the write goes on: no second pass over the file, no second copy of it in memory.
-- Safetensors files are written and read here, tensor by tensor straight from and into the
-  tensors' memory, each buffer hashed (on another thread) as it passes. A torch file is parsed by
-  `torch.load` while a thread hashes the same file from the page cache.
+- Safetensors files are written here tensor by tensor straight from the tensors' memory, each
+  buffer hashed (on another thread) as it passes. A model's file is read in place: mapped from the
+  page cache under a read lease and hashed there (`map_safetensors`), or, where no lease can be
+  had, read straight into tensors of its own. A torch file is parsed by `torch.load` while a
+  thread hashes the same file from the page cache.
 - Damaged files fail with a `CheckpointError` naming the file and what is wrong; so does a
   FIFO, device or socket in a file's place, refused by its type before anything opens it (a
   FIFO would block the reader forever, `/dev/zero` would never end).
@@ -18,18 +20,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import mmap
 import os
 import re
+import signal
 import stat
 import struct
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no leases, files are copied into memory of their own
+    fcntl = None  # type: ignore[assignment]
 
 import torch
 from safetensors import SafetensorError
@@ -324,6 +334,35 @@ def _write_safetensors(tensors: dict[str, torch.Tensor], out: _HashingWriter, me
             out.write(_raw(tensors[name]))
 
 
+def _plain_layout(f: BinaryIO, st: os.stat_result) -> tuple[bytes, list[tuple[str, dict[str, Any]]]] | None:
+    """The header bytes (length prefix included) and the entries by offset of a safetensors file read from its
+    start; None where its layout is anything but plain: tensors back to back, in order, filling the file."""
+    head = f.read(8)
+    if len(head) < 8 or (size := struct.unpack("<Q", head)[0]) > min(_MAX_HEADER, st.st_size - 8):
+        return None
+    text = f.read(size)
+    try:
+        header = json.loads(text)
+        entries = sorted(
+            ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
+        )
+        end = 0
+        for _, info in entries:
+            begin, stop = info["data_offsets"]
+            dtype = _BY_NAME[info["dtype"]]
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            if begin != end or stop - begin != count * dtype.itemsize:
+                return None
+            end = stop
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    if len(text) != size or 8 + size + end != st.st_size:
+        return None
+    return head + text, entries
+
+
 def _read_safetensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor] | None:
     """Read (and with `sha256`, verify) a safetensors file in one pass; None where its layout is anything but
     plain (the caller then reads it with safetensors, which names what is wrong).
@@ -335,33 +374,13 @@ def _read_safetensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor]
     with open(fd, "rb", buffering=0) as f:
         st = os.fstat(fd)
         check_regular(path, st.st_mode)
-        head = f.read(8)
-        if len(head) < 8 or (size := struct.unpack("<Q", head)[0]) > min(_MAX_HEADER, st.st_size - 8):
+        layout = _plain_layout(f, st)
+        if layout is None:
             return None
-        text = f.read(size)
-        try:
-            header = json.loads(text)
-            entries = sorted(
-                ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
-            )
-            end = 0
-            for _, info in entries:
-                begin, stop = info["data_offsets"]
-                dtype = _BY_NAME[info["dtype"]]
-                count = 1
-                for dim in info["shape"]:
-                    count *= int(dim)
-                if begin != end or stop - begin != count * dtype.itemsize:
-                    return None
-                end = stop
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-            return None
-        if len(text) != size or 8 + size + end != st.st_size:
-            return None
+        header, entries = layout
         hasher = Hasher(sha256) if sha256 is not None else None
         if hasher is not None:
-            hasher.update(head)
-            hasher.update(text)
+            hasher.update(header)
         pending = None
         out: dict[str, torch.Tensor] = {}
         try:
@@ -387,6 +406,160 @@ def _read_safetensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor]
     if hasher is not None and sha256 is not None and hasher.text() != sha256:
         raise mismatch(path, sha256)
     return out
+
+
+class MappedWeights:
+    """A safetensors file's tensors read in place from the page cache, under a read lease on the file.
+
+    The tensors are views of a private mapping of the file: nothing is copied until they are loaded
+    into a model. While the lease is held, the kernel holds back any other process that opens the file
+    for writing or truncates it (for up to ``/proc/sys/fs/lease-break-time`` seconds), so the bytes the
+    model receives are the bytes that were hashed, and the mapping cannot lose pages under a reader.
+    Replacing or deleting the file meanwhile does not touch the mapping either. `release` ends the
+    lease; it must be called once the tensors have been copied where they go.
+    """
+
+    def __init__(self, path: Path, fd: int, tensors: dict[str, torch.Tensor], digest: Any, recorded: str | None):
+        self.path = path
+        self.tensors = tensors
+        self._fd: int | None = fd
+        self._digest = digest
+        self._recorded = recorded
+        self._identity = _fd_identity(fd)
+
+    def verify(self) -> dict[str, torch.Tensor]:
+        """The tensors, once the file's bytes are known to hash to the recorded digest (when one was given).
+
+        Raises:
+            CheckpointError: the bytes do not match, or the file changed since it was mapped (naming it).
+        """
+        if self._digest is not None:
+            try:
+                actual = self._digest.result()
+            except OSError as exc:
+                raise CheckpointError(f"Checkpoint file {self.path} could not be read ({exc}).") from exc
+            if actual != self._recorded:
+                raise mismatch(self.path, str(self._recorded))
+            self._digest = None
+        self.check_unchanged()
+        return self.tensors
+
+    def check_unchanged(self, *, applied: bool = False) -> None:
+        """Raise a `CheckpointError` if the file was written or truncated since it was mapped (possible only
+        once the kernel breaks a lease that a writer has waited for longer than the lease-break time).
+
+        `applied`: the tensors were already copied into the model, whose weights the message then disowns.
+        """
+        if self._fd is not None and _fd_identity(self._fd) == self._identity:
+            return
+        if applied:
+            raise CheckpointError(
+                f"Checkpoint file {self.path} was changed by another process while it was being loaded into the "
+                "model, so the model's weights may not be the checkpoint's. Load it again once nothing writes to it."
+            )
+        raise CheckpointError(
+            f"Checkpoint file {self.path} was changed by another process while it was being read. Nothing was "
+            "loaded: load it again once nothing writes to it."
+        )
+
+    def release(self) -> None:
+        """End the lease and close the file (the tensors stay readable until they are dropped)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._digest is not None:
+            self._digest.cancel()
+            try:
+                self._digest.result()
+            except BaseException:  # a hash nobody asked for any more: only its end matters
+                pass
+        _unlease(fd)
+        os.close(fd)
+
+
+def _fd_identity(fd: int) -> tuple[int, int, int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _lease(fd: int) -> bool:
+    """Take a read lease on `fd` (Linux), signalled with SIGURG, whose default is to be ignored: SIGIO's
+    default would end the process when a writer breaks the lease. False where none can be had (another
+    platform, a file open for writing, a file system without leases, a file owned by another user)."""
+    if fcntl is None or not hasattr(fcntl, "F_SETLEASE"):
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError:
+        return False
+    if fcntl.fcntl(fd, fcntl.F_GETSIG) != signal.SIGURG or fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK:
+        _unlease(fd)
+        return False
+    return True
+
+
+def _unlease(fd: int) -> None:
+    """End a lease on `fd`, if it holds one."""
+    if fcntl is not None and hasattr(fcntl, "F_SETLEASE"):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+
+def map_safetensors(path: str | os.PathLike[str], sha256: str | None = None) -> MappedWeights | None:
+    """Map a plain safetensors file under a read lease, its hash started on another thread (`MappedWeights`).
+
+    None where the file cannot be leased or its layout is not plain: read it with `load_safetensors`,
+    which copies it into memory of its own and names what is wrong.
+
+    Raises:
+        CheckpointError: the file is missing, or not a regular file (naming it).
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path} is missing.") from None
+    mapped: MappedWeights | None = None
+    try:
+        st = os.fstat(fd)
+        check_regular(path, st.st_mode)
+        # The lease first: from here on no other process can change the bytes about to be parsed and hashed.
+        if st.st_size == 0 or not _lease(fd):
+            return None
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            layout = _plain_layout(f, st)
+        if layout is None:
+            return None
+        header, entries = layout
+        region = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        tensors: dict[str, torch.Tensor] = {}
+        start = len(header)
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # frombuffer's note that the buffer is shared; it is private and read-only here
+            for name, info in entries:
+                dtype, shape = _BY_NAME[info["dtype"]], [int(d) for d in info["shape"]]
+                begin, stop = info["data_offsets"]
+                if stop == begin:
+                    tensors[name] = torch.empty(shape, dtype=dtype)
+                else:
+                    count = (stop - begin) // dtype.itemsize
+                    tensors[name] = torch.frombuffer(region, dtype=dtype, count=count, offset=start + begin).view(shape)
+        digest = _hash_pool().submit(_hash_region, region, sha256) if sha256 is not None else None
+        mapped = MappedWeights(path, fd, {k: tensors[k] for k in sorted(tensors)}, digest, sha256)
+        return mapped
+    finally:
+        if mapped is None:
+            _unlease(fd)
+            os.close(fd)
+
+
+def _hash_region(region: mmap.mmap, like: str | None) -> str:
+    hasher = Hasher(like)
+    hasher.update(region)
+    return hasher.text()
 
 
 def load_safetensors(

@@ -29,6 +29,7 @@ from ..errors import CheckpointError
 from ..prepare.wrappers import strip_compile
 from . import accelerate_layout, background, layout
 from .io import (
+    MappedWeights,
     hash_file,
     load_safetensors,
     load_torch,
@@ -460,7 +461,25 @@ def load_state(
             live model, optimizer and every other prepared object are then unchanged.
         UnsafeCheckpointError: a file would execute code to load.
     """
-    own = Path(input_dir)
+    from ..strategies.base import Strategy
+
+    # Where the strategy copies a full state dict into the model, the weights are read in place from the
+    # page cache under read leases, which end once the models are loaded (or the load fails).
+    mapped: list[MappedWeights] | None = (
+        [] if type(ctx.strategy).load_full_state_dict is Strategy.load_full_state_dict else None
+    )
+    try:
+        return _load_state(prepared, ctx, Path(input_dir), strict, mapped)
+    finally:
+        for lease in mapped or []:
+            lease.release()
+
+
+def _load_state(
+    prepared: Prepared, ctx: RunContext, own: Path, strict: bool, mapped: list[MappedWeights] | None
+) -> dict[str, Any]:
+    from ..strategies.base import Strategy
+
     # The rank that writes the directory holds its files lock (shared) until every rank has read
     # everything, so that no save moves a file meanwhile; the other ranks follow it through the rounds.
     # Two rounds where the strategy loads nothing itself (three where it does): the first for the
@@ -483,7 +502,7 @@ def load_state(
             custom = list(found.manifest.get("strategy_files", []))
             if ctx.is_main_process:
                 warn_if_unverified(found)
-            plan = read_and_check(prepared, ctx, found, strict, custom)
+            plan = read_and_check(prepared, ctx, found, strict, custom, mapped)
             # Everything that can be undone first; then a strategy's models and optimizers (it checks them
             # before it changes anything); the default models last, once every rank has got this far.
             applied, failure = _apply_undoable(ctx, plan)
@@ -498,8 +517,6 @@ def load_state(
             _undo(ctx, undo)
         _raise_if_failed(results, error, what)
         found, plan = done
-        from ..strategies.base import Strategy
-
         handled = False
         if type(ctx.strategy).load_checkpoint_state is not Strategy.load_checkpoint_state:
             handled, error = _attempt(
@@ -529,6 +546,8 @@ def load_state(
     if not handled:
         for model, sd in plan["models"]:
             ctx.strategy.load_full_state_dict(strip_compile(model), sd, strict=strict)
+        for lease in mapped or []:
+            lease.check_unchanged(applied=True)
     return dict(found.manifest)
 
 

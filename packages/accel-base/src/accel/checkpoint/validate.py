@@ -19,7 +19,7 @@ import torch
 from ..errors import CheckpointError
 from ..prepare.wrappers import unwrap_through
 from .dcp import SHARDED_NAME, model_folder, optimizer_folder, read_full
-from .io import hash_file, load_json, load_safetensors, load_torch, mismatch
+from .io import MappedWeights, hash_file, load_json, load_safetensors, load_torch, map_safetensors, mismatch
 from .layout import Located, file_name
 from .optimizer_keys import parameter_names, rekey
 
@@ -31,12 +31,21 @@ _DEFAULT_NAME = re.compile(r"(model|optimizer)(_\d+)?\.(safetensors|bin)")
 
 
 def read_and_check(
-    prepared: Prepared, ctx: RunContext, found: Located, strict: bool, custom: list[str]
+    prepared: Prepared,
+    ctx: RunContext,
+    found: Located,
+    strict: bool,
+    custom: list[str],
+    mapped: list[MappedWeights] | None = None,
 ) -> dict[str, Any]:
     """Every file this rank needs, read and verified, and checked against the live objects.
 
     Returns the plan ``accel.checkpoint` applies: each entry keeps the file
     it came from, so that an error while applying still names it.
+
+    `mapped`: where the strategy loads a full state dict with `Module.load_state_dict` (which copies),
+    the models' safetensors files are read in place under a read lease (`map_safetensors`) and each
+    `MappedWeights` is added here; the caller releases them once the models are loaded.
     """
     plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
     rank, world = ctx.process_index, ctx.num_processes
@@ -66,7 +75,12 @@ def read_and_check(
                 sd = read_sharded(path, "model")
             elif found.path(file_name("model", i, "safetensors")).is_file():
                 path = found.path(file_name("model", i, "safetensors"))
-                sd = load_safetensors(path, sha256=found.sha256(path.name))
+                lease = map_safetensors(path, sha256=found.sha256(path.name)) if mapped is not None else None
+                if lease is not None:
+                    mapped.append(lease)  # type: ignore[union-attr]  # not None when a lease was taken
+                    sd = lease.tensors  # verified below, while the files after it are read
+                else:
+                    sd = load_safetensors(path, sha256=found.sha256(path.name))
             else:
                 path = found.path(file_name("model", i, "bin"))
                 sd = torch_file(path.name)
@@ -110,6 +124,8 @@ def read_and_check(
     if found.path(rng).is_file() or rng in found.hashes:
         plan["rng"] = (torch_file(rng), found.path(rng))
         check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
+    for lease in mapped or []:
+        lease.verify()
     return plan
 
 
