@@ -1,5 +1,6 @@
-"""Checkpoint digests: XXH3-128 computed in the one pass that writes or reads the bytes, BLAKE3 and SHA-256 manifests
-of earlier releases still verified, and the ranks agreeing in one collective per save step (2 gloo processes)."""
+"""Checkpoint digests: chunked XXH3-128 computed in the one pass that writes or reads the bytes; whole-file XXH3-128,
+BLAKE3 and SHA-256 manifests of earlier releases still verified; the ranks agreeing in one collective per save step,
+and the processes of a node hashing each chunk of the files they all read once between them (2 gloo processes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 import xxhash
 from accel import Accelerator
+from accel.checkpoint import digest
 from accel.checkpoint import io as checkpoint_io
 from accel.checkpoint.layout import MANIFEST
 from accel.errors import CheckpointError
@@ -30,6 +32,25 @@ def _saved(tmp_path: Path) -> tuple[Accelerator, torch.nn.Module, Path]:
     return accelerator, model, Path(accelerator.save_state(tmp_path / "ckpt"))
 
 
+def _chunked_xxh3(data: bytes) -> str:
+    """The documented digest: XXH3-128 of the 16-byte XXH3-128 digests of the 16 MiB chunks, in order."""
+    chunk = 16 << 20
+    inner = b"".join(xxhash.xxh3_128(data[i : i + chunk]).digest() for i in range(0, len(data), chunk))
+    return "xxh3-128/16MiB:" + xxhash.xxh3_128(inner).hexdigest()
+
+
+def test_the_chunked_digest_is_the_same_fed_in_any_pieces() -> None:
+    data = bytes(range(256)) * ((33 << 20) // 256) + b"tail"  # two whole chunks and a short one
+    for piece in (1 << 20, (16 << 20) - 1, 16 << 20, 5_000_011):
+        hasher = digest.Hasher()
+        for i in range(0, len(data), piece):
+            hasher.update(data[i : i + piece])
+        assert hasher.text() == _chunked_xxh3(data), piece
+    parts = digest.chunk_digests(data, [2, 0]) | digest.chunk_digests(data, [1])
+    assert digest.combine(parts[i] for i in range(3)) == _chunked_xxh3(data)
+    assert digest.of_bytes(b"") == "xxh3-128/16MiB:" + xxhash.xxh3_128(b"").hexdigest()
+
+
 def test_a_save_records_the_xxh3_of_every_file_without_reading_any_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,7 +62,7 @@ def test_a_save_records_the_xxh3_of_every_file_without_reading_any_back(
     digests = json.loads((directory / MANIFEST).read_text())["sha256"]
     assert set(digests) == {"model.safetensors", "optimizer.bin", "dataloaders.json", "random_states_0.pt"}
     for name, recorded in digests.items():
-        assert recorded == "xxh3-128:" + xxhash.xxh3_128((directory / name).read_bytes()).hexdigest(), name
+        assert recorded == _chunked_xxh3((directory / name).read_bytes()), name
 
 
 def test_safetensors_written_here_read_back_by_safetensors_itself(tmp_path: Path) -> None:
@@ -65,9 +86,10 @@ def test_safetensors_written_here_read_back_by_safetensors_itself(tmp_path: Path
 
 
 EARLIER = {
-    # As earlier releases wrote them: bare SHA-256 hex digests, then "blake3:<hex>".
+    # As earlier releases wrote them: bare SHA-256 hex digests, then "blake3:<hex>", then "xxh3-128:<hex>".
     "SHA-256": lambda data: hashlib.sha256(data).hexdigest(),
     "BLAKE3 hash": lambda data: "blake3:" + blake3.blake3(data).hexdigest(),
+    "XXH3-128 hash": lambda data: "xxh3-128:" + xxhash.xxh3_128(data).hexdigest(),
 }
 
 
@@ -159,3 +181,90 @@ def test_two_ranks_agree_in_one_collective_per_step_and_share_an_async_failure(w
             found[f"{rank} next save"],
         ), (rank, proc.stdout)
     assert (tmp_path / "ckpt" / "random_states_1.pt").is_file()
+
+
+SPLIT = r"""
+import json, sys
+from pathlib import Path
+import torch
+from accel import Accelerator
+from accel.checkpoint import io as checkpoint_io
+from accel.errors import CheckpointError
+
+out = Path(sys.argv[1])
+accelerator = Accelerator()
+rank = accelerator.process_index
+torch.manual_seed(0)
+model = torch.nn.Linear(2048, 2048)  # 16 MiB and a bias: two chunks, as is the momentum in optimizer.bin
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model, opt = accelerator.prepare(model, opt)
+accelerator.backward(model(torch.ones(2, 2048)).sum())
+opt.step()
+directory = Path(accelerator.save_state(out / "ckpt"))
+saved = {k: v.clone() for k, v in model.state_dict().items()}
+hashed = []
+real = checkpoint_io.SharedHashing.hash_part
+
+def recorded(self, path, *args):
+    real(self, path, *args)
+    hashed.append((Path(path).name, sorted(self.hashed[str(path)][3])))
+
+checkpoint_io.SharedHashing.hash_part = recorded
+
+def report(what, fn):
+    hashed.clear()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(rank + 5)
+    try:
+        fn()
+        outcome = "ok" if all(torch.equal(v, saved[k]) for k, v in model.state_dict().items()) else "wrong weights"
+    except CheckpointError as exc:
+        untouched = all(bool((p == rank + 5).all()) for p in model.parameters())
+        outcome = f"{'untouched' if untouched else 'CHANGED'}: {exc}"
+    line = json.dumps({"rank": rank, "what": what, "outcome": outcome, "hashed": sorted(hashed)})
+    sys.stdout.write("RESULT " + line + "\n")
+    sys.stdout.flush()
+
+report("load", lambda: accelerator.load_state(directory))
+for name in ("model.safetensors", "optimizer.bin"):
+    for chunk in (0, 1):
+        path = directory / name
+        data = path.read_bytes()
+        accelerator.wait_for_everyone()
+        if rank == 0:
+            flipped = bytearray(data)
+            flipped[chunk * (16 << 20) + 4096] ^= 0x20
+            path.write_bytes(bytes(flipped))
+        accelerator.wait_for_everyone()
+        report(f"{name} chunk {chunk}", lambda: accelerator.load_state(directory))
+        accelerator.wait_for_everyone()
+        if rank == 0:
+            path.write_bytes(data)
+        accelerator.wait_for_everyone()
+"""
+
+
+def test_the_processes_of_a_node_hash_each_chunk_once_and_all_refuse_a_damaged_one(
+    write_script, tmp_path: Path
+) -> None:
+    proc = launch(write_script(SPLIT), str(tmp_path), timeout=240)
+    results = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    by = {(r["rank"], r["what"]): r for r in results}
+    assert len(by) == 10, proc.stdout
+    # Each chunk of each file both ranks read is hashed by exactly one of them.
+    shares: dict[str, list[int]] = {}
+    for rank in (0, 1):
+        assert by[(rank, "load")]["outcome"] == "ok", proc.stdout
+        for name, chunks in by[(rank, "load")]["hashed"]:
+            shares.setdefault(name, []).extend(chunks)
+    # (Small JSON files and each rank's random states are hashed whole by the process reading them.)
+    assert sorted(shares) == ["model.safetensors", "optimizer.bin"], shares
+    assert sorted(shares["model.safetensors"]) == [0, 1] and sorted(shares["optimizer.bin"]) == [0, 1], shares
+    # A damaged chunk, whichever rank hashed it, is refused on both ranks with nothing loaded.
+    for name in ("model.safetensors", "optimizer.bin"):
+        for chunk in (0, 1):
+            for rank in (0, 1):
+                outcome = by[(rank, f"{name} chunk {chunk}")]["outcome"]
+                assert outcome.startswith("untouched: "), (rank, name, chunk, outcome)
+                assert re.search(rf"{re.escape(name)} does not match the XXH3-128 hash recorded", outcome), outcome

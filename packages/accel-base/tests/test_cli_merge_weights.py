@@ -223,25 +223,28 @@ def test_accelerates_merge_fsdp_weights_reads_safely_replaces_its_output_and_del
 
 def test_shards_are_checked_against_xxh3_and_older_blake3_and_sha256_manifests(sharded: Path, tmp_path: Path) -> None:
     """A shard whose bytes differ from its manifest's digest is refused (nothing merged); manifests written before
-    XXH3-128 (BLAKE3 "blake3:<hex>", bare SHA-256 hex digests) still verify and merge."""
+    chunked XXH3-128 (whole-file XXH3-128 "xxh3-128:<hex>", BLAKE3 "blake3:<hex>", bare SHA-256 hex digests) still
+    verify and merge."""
     import hashlib
     import json
     import shutil
 
     import blake3
+    import xxhash
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(sharded / "ckpt", ckpt)
     manifest_path = ckpt / "accel_checkpoint.json"
     manifest = json.loads(manifest_path.read_text())
     shards = sorted(n for n in manifest["sha256"] if n.startswith("pytorch_model_fsdp_0/") and n.endswith(".distcp"))
-    assert shards and all(manifest["sha256"][n].startswith("xxh3-128:") for n in shards)
+    assert shards and all(manifest["sha256"][n].startswith("xxh3-128/16MiB:") for n in shards)
     reference = load_file(str(sharded / "reference.safetensors"))
     earlier = {
+        "xxh3": lambda data: "xxh3-128:" + xxhash.xxh3_128(data).hexdigest(),
         "blake3": lambda data: "blake3:" + blake3.blake3(data).hexdigest(),
         "sha256": lambda data: hashlib.sha256(data).hexdigest(),
     }
-    for algorithm, digest in earlier.items():  # as checkpoints written before XXH3-128 recorded them
+    for algorithm, digest in earlier.items():  # as checkpoints written before recorded them
         for name in shards:
             manifest["sha256"][name] = digest((ckpt / name).read_bytes())
         manifest_path.write_text(json.dumps(manifest))

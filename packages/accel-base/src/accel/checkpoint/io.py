@@ -3,7 +3,7 @@
 - Weights are safetensors. Everything else is written with `torch.save` and read back with
   `torch.load(weights_only=True)`: a file that would need arbitrary code to unpickle is
   refused (`UnsafeCheckpointError`) and nothing in it runs.
-- Every writer returns the file's digest (`accel.checkpoint.digest`: XXH3-128; BLAKE3 and SHA-256
+- Every writer returns the file's digest (`accel.checkpoint.digest`: chunked XXH3-128; XXH3-128, BLAKE3 and SHA-256
   digests of manifests written before still verify). Bytes are hashed on their way to the file, on another thread while
   the write goes on: no second pass over the file, no second copy of it in memory.
 - Safetensors files are written here tensor by tensor straight from the tensors' memory, each
@@ -31,8 +31,9 @@ import signal
 import stat
 import struct
 import warnings
+import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -46,7 +47,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError, UnsafeCheckpointError
-from .digest import Hasher, name_of, of_bytes
+from .digest import Hasher, chunk_count, chunk_digests, chunked, combine, name_of, of_bytes
 
 _CODE_MARKERS = ("Unsupported global", "unsupported GLOBAL", "Can only create new object", "Can only build")
 _CHUNK = 1 << 22
@@ -101,7 +102,7 @@ def _replace_into(path: Path, write: Callable[[Path], Any]) -> Any:
 def hash_file(path: str | os.PathLike[str], like: str | None = None) -> str:
     """The digest of a regular file, read in chunks, as a manifest records it.
 
-    `like`: a recorded digest, whose algorithm is used (`accel.checkpoint.digest`); the default (XXH3-128)
+    `like`: a recorded digest, whose algorithm is used (`accel.checkpoint.digest`); the default (chunked XXH3-128)
     when None.
 
     Raises:
@@ -158,14 +159,18 @@ def mismatch(path: Path, recorded: str) -> CheckpointError:
     )
 
 
-def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any]) -> Any:
-    """`parse(path)` while a thread hashes the same file in 16 MiB chunks.
+def _read_verified(
+    path: Path, sha256: str | None, parse: Callable[[Path], Any], share: SharedHashing | None = None
+) -> Any:
+    """`parse(path)` while a thread hashes the same file from the page cache.
 
-    Memory holds what `parse` builds and one chunk, never a second copy of the file; the two
-    reads share the page cache, and hashlib and file reads release the GIL, so verification
-    overlaps deserialisation. The file's identity, size and modification time must be the same
-    after both reads: a file replaced or rewritten in between fails instead of loading bytes the
-    hash did not see. A hash mismatch wins over a parse error: it says more about what happened.
+    Memory holds what `parse` builds, never a second copy of the file; the two reads share the
+    page cache, and the hash and file reads release the GIL, so verification overlaps
+    deserialisation. The file's identity, size and modification time must be the same after both
+    reads: a file replaced or rewritten in between fails instead of loading bytes the hash did not
+    see. A hash mismatch wins over a parse error: it says more about what happened. With `share`
+    (and a chunked digest), the thread hashes only this process's chunks and the digest is checked
+    once every process of the node has sent its part (`check_shared`).
     """
     try:
         mode = os.stat(path).st_mode
@@ -173,9 +178,14 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
         raise CheckpointError(f"Checkpoint file {path} is missing.") from None
     check_regular(path, mode)
     before = _identity(path)
-    # The default algorithm's digest is asked for as `hash_file(path)`, the call every caller makes.
-    args = (path,) if sha256 is None or Hasher(sha256).default else (path, sha256)
-    digest = _hash_pool().submit(hash_file, *args) if sha256 is not None else None
+    shared = share is not None and share.takes(sha256)
+    digest: Future[Any] | None
+    if shared:
+        digest = _hash_pool().submit(share.hash_part, path, str(sha256))  # type: ignore[union-attr]
+    else:
+        # The default algorithm's digest is asked for as `hash_file(path)`, the call every caller makes.
+        args = (path,) if sha256 is None or Hasher(sha256).default else (path, sha256)
+        digest = _hash_pool().submit(hash_file, *args) if sha256 is not None else None
     try:
         result, error = parse(path), None
     except Exception as exc:
@@ -185,13 +195,80 @@ def _read_verified(path: Path, sha256: str | None, parse: Callable[[Path], Any])
             actual = digest.result()
         except OSError as exc:
             raise CheckpointError(f"Checkpoint file {path} could not be read ({exc}).") from exc
-        if actual != sha256:
+        if not shared and actual != sha256:
             raise mismatch(path, sha256) from error
         if _identity(path) != before:
             raise CheckpointError(f"Checkpoint file {path} changed while it was being read; load it again.")
     if error is not None:
         raise error
     return result
+
+
+class SharedHashing:
+    """This process's part in hashing the files that every process of its node reads (chunked digests).
+
+    Of each such file it hashes the chunks ``i`` with ``(crc32(path) + i) % size == index`` and the
+    other processes of the node hash the others: each byte is hashed once per node, not once per
+    process. `hashed` is what it sends them in the round after reading (per file: its identity,
+    recorded digest, size and this process's chunk digests); `check_shared` then puts every
+    process's chunks together into each file's digest, on every process alike.
+    """
+
+    def __init__(self, index: int, size: int) -> None:
+        self.index = index
+        self.size = size
+        self.hashed: dict[str, tuple[tuple[int, int, int, int], str, int, dict[int, bytes]]] = {}
+
+    def takes(self, recorded: str | None) -> bool:
+        """Whether a file recorded with this digest is hashed in shares (the default, chunked algorithm)."""
+        return recorded is not None and chunked(recorded)
+
+    def mine(self, path: Path, size: int) -> list[int]:
+        """The chunks of `path` (of `size` bytes) this process hashes."""
+        first = zlib.crc32(str(path).encode())
+        return [i for i in range(chunk_count(size)) if (first + i) % self.size == self.index]
+
+    def hash_part(self, path: Path, recorded: str, region: Any = None) -> None:
+        """Hash this process's chunks of `path` (from `region`, the whole file mapped, or a mapping of its own)."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            identity = _fd_identity(fd)
+            size = identity[2]
+            if region is None and size:
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+                    digests = chunk_digests(mapped, self.mine(path, size))
+            else:
+                digests = chunk_digests(region if region is not None else b"", self.mine(path, size))
+        finally:
+            os.close(fd)
+        self.hashed[str(path)] = (identity, recorded, size, digests)
+
+
+def check_shared(parts: list[Any]) -> CheckpointError | None:
+    """The error of the first file whose chunks, hashed by the processes of one node (each `SharedHashing.hashed`
+    in `parts`), do not make the digest recorded for it, or that the processes did not all see the same; None
+    when every file matches."""
+    files: dict[str, list[Any]] = {}
+    for part in parts:
+        for key, entry in (part or {}).items():
+            files.setdefault(key, []).append(entry)
+    for key in sorted(files):
+        entries = files[key]
+        identity, recorded, size, _ = entries[0]
+        if any(tuple(e[:3]) != (identity, recorded, size) for e in entries):
+            return CheckpointError(f"Checkpoint file {key} changed while it was being read; load it again.")
+        digests: dict[int, bytes] = {}
+        for entry in entries:
+            digests.update(entry[3])
+        count = chunk_count(size)
+        if set(digests) != set(range(count)):
+            return CheckpointError(
+                f"Checkpoint file {key} could not be verified: the processes that read it hashed chunks "
+                f"{sorted(digests)} of {count}. Load it again."
+            )
+        if combine(digests[i] for i in range(count)) != recorded:
+            return mismatch(Path(key), recorded)
+    return None
 
 
 def _interrupt_behind(exc: BaseException) -> BaseException | None:
@@ -231,10 +308,16 @@ def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
     return str(_replace_into(Path(path), write))
 
 
-def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu", sha256: str | None = None) -> Any:
+def load_torch(
+    path: str | os.PathLike[str],
+    map_location: Any = "cpu",
+    sha256: str | None = None,
+    share: SharedHashing | None = None,
+) -> Any:
     """`torch.load` restricted to tensors and plain containers.
 
-    With `sha256`, the file's bytes must hash to it.
+    With `sha256`, the file's bytes must hash to it (with `share`, checked by `check_shared` once the
+    processes of the node have hashed their parts).
 
     Raises:
         UnsafeCheckpointError: the file would execute code to load.
@@ -260,7 +343,7 @@ def load_torch(path: str | os.PathLike[str], map_location: Any = "cpu", sha256: 
                 "or corrupted, or was not written by torch.save. Load an earlier checkpoint."
             ) from exc
 
-    return _read_verified(path, sha256, parse)
+    return _read_verified(path, sha256, parse, share)
 
 
 def _reason(text: str) -> str:
@@ -419,16 +502,20 @@ class MappedWeights:
     lease; it must be called once the tensors have been copied where they go.
     """
 
-    def __init__(self, path: Path, fd: int, tensors: dict[str, torch.Tensor], digest: Any, recorded: str | None):
+    def __init__(
+        self, path: Path, fd: int, tensors: dict[str, torch.Tensor], digest: Any, recorded: str | None, shared: bool
+    ) -> None:
         self.path = path
         self.tensors = tensors
         self._fd: int | None = fd
         self._digest = digest
         self._recorded = recorded
+        self._shared = shared
         self._identity = _fd_identity(fd)
 
     def verify(self) -> dict[str, torch.Tensor]:
-        """The tensors, once the file's bytes are known to hash to the recorded digest (when one was given).
+        """The tensors, once the file's bytes are known to hash to the recorded digest (when one was given), or
+        once this process's chunks are hashed, where the processes of a node share the work (`SharedHashing`).
 
         Raises:
             CheckpointError: the bytes do not match, or the file changed since it was mapped (naming it).
@@ -438,7 +525,7 @@ class MappedWeights:
                 actual = self._digest.result()
             except OSError as exc:
                 raise CheckpointError(f"Checkpoint file {self.path} could not be read ({exc}).") from exc
-            if actual != self._recorded:
+            if not self._shared and actual != self._recorded:
                 raise mismatch(self.path, str(self._recorded))
             self._digest = None
         self.check_unchanged()
@@ -506,8 +593,11 @@ def _unlease(fd: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
 
 
-def map_safetensors(path: str | os.PathLike[str], sha256: str | None = None) -> MappedWeights | None:
-    """Map a plain safetensors file under a read lease, its hash started on another thread (`MappedWeights`).
+def map_safetensors(
+    path: str | os.PathLike[str], sha256: str | None = None, share: SharedHashing | None = None
+) -> MappedWeights | None:
+    """Map a plain safetensors file under a read lease, its hash started on another thread (`MappedWeights`);
+    with `share`, only this process's chunks are hashed (`SharedHashing`).
 
     None where the file cannot be leased or its layout is not plain: read it with `load_safetensors`,
     which copies it into memory of its own and names what is wrong.
@@ -547,8 +637,13 @@ def map_safetensors(path: str | os.PathLike[str], sha256: str | None = None) -> 
                 else:
                     count = (stop - begin) // dtype.itemsize
                     tensors[name] = torch.frombuffer(region, dtype=dtype, count=count, offset=start + begin).view(shape)
-        digest = _hash_pool().submit(_hash_region, region, sha256) if sha256 is not None else None
-        mapped = MappedWeights(path, fd, {k: tensors[k] for k in sorted(tensors)}, digest, sha256)
+        shared = share is not None and share.takes(sha256)
+        digest: Future[Any] | None
+        if shared:
+            digest = _hash_pool().submit(share.hash_part, path, str(sha256), region)  # type: ignore[union-attr]
+        else:
+            digest = _hash_pool().submit(_hash_region, region, sha256) if sha256 is not None else None
+        mapped = MappedWeights(path, fd, {k: tensors[k] for k in sorted(tensors)}, digest, sha256, shared)
         return mapped
     finally:
         if mapped is None:

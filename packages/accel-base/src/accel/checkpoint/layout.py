@@ -94,8 +94,9 @@ class Located:
         return inside(self.directory, self.directory / name)
 
     def sha256(self, name: str) -> str | None:
-        """The recorded digest of `name` (None for checkpoints written before hashes): XXH3-128 as
-        ``xxh3-128:<hex>``, or from manifests written before, ``blake3:<hex>`` (BLAKE3) or bare hex (SHA-256)
+        """The recorded digest of `name` (None for checkpoints written before hashes): chunked XXH3-128 as
+        ``xxh3-128/16MiB:<hex>``, or from manifests written before, ``xxh3-128:<hex>`` (whole-file XXH3-128),
+        ``blake3:<hex>`` (BLAKE3) or bare hex (SHA-256)
         (`accel.checkpoint.digest`)."""
         return self.hashes.get(name)
 

@@ -30,6 +30,8 @@ from ..prepare.wrappers import strip_compile
 from . import accelerate_layout, background, layout
 from .io import (
     MappedWeights,
+    SharedHashing,
+    check_shared,
     hash_file,
     load_safetensors,
     load_torch,
@@ -113,6 +115,24 @@ def _owner(ctx: RunContext, local_indexes: list[int], rank: int) -> int:
     if not ctx.save_on_each_node:
         return 0
     return max(r for r in range(rank + 1) if local_indexes[r] == 0)
+
+
+def _node(local_indexes: list[int], rank: int) -> list[int]:
+    """The ranks on `rank`'s node (ranks are numbered node by node, each node's from local index 0)."""
+    start = max(r for r in range(rank + 1) if local_indexes[r] == 0)
+    end = next((r for r in range(start + 1, len(local_indexes)) if local_indexes[r] == 0), len(local_indexes))
+    return list(range(start, end))
+
+
+def _check_nodes(results: list[tuple[str | None, Any]], local_indexes: list[int]) -> dict[int, CheckpointError]:
+    """The ranks of every node whose shared hashing (`check_shared`) failed, each with its node's error."""
+    failed: dict[int, CheckpointError] = {}
+    for start in (r for r, local in enumerate(local_indexes) if local == 0):
+        ranks = _node(local_indexes, start)
+        error = check_shared([results[r][1] for r in ranks]) if len(ranks) > 1 else None
+        if error is not None:
+            failed.update(dict.fromkeys(ranks, error))
+    return failed
 
 
 def _raise_if_failed(results: list[tuple[str | None, Any]], error: Exception | None, what: str) -> None:
@@ -491,9 +511,11 @@ def _load_state(
         error: Exception | None = background.finish() if locks is not None else None
         if locks is not None and error is None:
             _, error = _attempt(lambda: _open_for_reading(locks, own))
-        directory, results, _ = _first_round(ctx, own, error)
+        directory, results, local_indexes = _first_round(ctx, own, error)
         what = f"load_state({directory})"
         _raise_if_failed(results, error, what)
+        node = _node(local_indexes, ctx.process_index)
+        share = SharedHashing(node.index(ctx.process_index), len(node)) if len(node) > 1 else None
 
         def read_check_apply() -> tuple[layout.Located, dict[str, Any]]:
             found = _locate(directory, ctx, prepared)
@@ -502,7 +524,7 @@ def _load_state(
             custom = list(found.manifest.get("strategy_files", []))
             if ctx.is_main_process:
                 warn_if_unverified(found)
-            plan = read_and_check(prepared, ctx, found, strict, custom, mapped)
+            plan = read_and_check(prepared, ctx, found, strict, custom, mapped, share)
             # Everything that can be undone first; then a strategy's models and optimizers (it checks them
             # before it changes anything); the default models last, once every rank has got this far.
             applied, failure = _apply_undoable(ctx, plan)
@@ -512,7 +534,14 @@ def _load_state(
             return found, plan
 
         done, error = _attempt(read_check_apply)
-        results = _agree(ctx, error)
+        results = _agree(ctx, error, share.hashed if share is not None else None)
+        if share is not None and not any(msg is not None for msg, _ in results):
+            # Every process has hashed its part of the files its node reads: each process puts every node's
+            # parts together, so that all of them reach the same verdict.
+            for rank, late in _check_nodes(results, local_indexes).items():
+                results[rank] = (f"{type(late).__name__}: {late}", None)
+                if rank == ctx.process_index:
+                    error = late
         if any(msg is not None for msg, _ in results):
             _undo(ctx, undo)
         _raise_if_failed(results, error, what)

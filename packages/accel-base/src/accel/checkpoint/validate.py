@@ -19,7 +19,16 @@ import torch
 from ..errors import CheckpointError
 from ..prepare.wrappers import unwrap_through
 from .dcp import SHARDED_NAME, model_folder, optimizer_folder, read_full
-from .io import MappedWeights, hash_file, load_json, load_safetensors, load_torch, map_safetensors, mismatch
+from .io import (
+    MappedWeights,
+    SharedHashing,
+    hash_file,
+    load_json,
+    load_safetensors,
+    load_torch,
+    map_safetensors,
+    mismatch,
+)
 from .layout import Located, file_name
 from .optimizer_keys import parameter_names, rekey
 
@@ -37,6 +46,7 @@ def read_and_check(
     strict: bool,
     custom: list[str],
     mapped: list[MappedWeights] | None = None,
+    share: SharedHashing | None = None,
 ) -> dict[str, Any]:
     """Every file this rank needs, read and verified, and checked against the live objects.
 
@@ -46,6 +56,9 @@ def read_and_check(
     `mapped`: where the strategy loads a full state dict with `Module.load_state_dict` (which copies),
     the models' safetensors files are read in place under a read lease (`map_safetensors`) and each
     `MappedWeights` is added here; the caller releases them once the models are loaded.
+
+    `share`: where the processes of a node read the same files, this process hashes only its chunks of
+    each file they all read (`SharedHashing`); the caller checks the digests once all have (`check_shared`).
     """
     plan: dict[str, Any] = {"models": [], "optimizers": [], "objects": []}
     rank, world = ctx.process_index, ctx.num_processes
@@ -63,7 +76,7 @@ def read_and_check(
             raise mismatch(found.path(name), found.hashes[name])
 
     def torch_file(name: str, **kw: Any) -> Any:
-        return load_torch(found.path(name), sha256=found.sha256(name), **kw)
+        return load_torch(found.path(name), sha256=found.sha256(name), share=share, **kw)
 
     if default_reader:
         refuse_foreign_files(found, custom, type(ctx.strategy).__name__)
@@ -75,12 +88,14 @@ def read_and_check(
                 sd = read_sharded(path, "model")
             elif found.path(file_name("model", i, "safetensors")).is_file():
                 path = found.path(file_name("model", i, "safetensors"))
-                lease = map_safetensors(path, sha256=found.sha256(path.name)) if mapped is not None else None
+                lease = map_safetensors(path, found.sha256(path.name), share) if mapped is not None else None
                 if lease is not None:
                     mapped.append(lease)  # type: ignore[union-attr]  # not None when a lease was taken
                     sd = lease.tensors  # verified below, while the files after it are read
                 else:
                     sd = load_safetensors(path, sha256=found.sha256(path.name))
+                    if share is not None and share.takes(found.sha256(path.name)):
+                        share.hash_part(path, str(found.sha256(path.name)))  # the node's check counts on this part
             else:
                 path = found.path(file_name("model", i, "bin"))
                 sd = torch_file(path.name)
@@ -122,7 +137,8 @@ def read_and_check(
     rng = f"random_states_{ctx.process_index}.pt"
     plan["rng"] = None
     if found.path(rng).is_file() or rng in found.hashes:
-        plan["rng"] = (torch_file(rng), found.path(rng))
+        # Each process's own file: hashed whole by the process that reads it.
+        plan["rng"] = (load_torch(found.path(rng), sha256=found.sha256(rng)), found.path(rng))
         check_rng_state(plan["rng"][0], ctx.adapter.get_rng_state(), found.path(rng))
     for lease in mapped or []:
         lease.verify()

@@ -169,7 +169,7 @@ def merge_weights(
 
 def _verify_against_manifest(directory: Path, paths: Any) -> None:
     """Where `directory` is an accel checkpoint, each shard must match the digest its manifest records, in the
-    algorithm it was recorded in (XXH3-128; BLAKE3 or SHA-256 in checkpoints written before)."""
+    algorithm it was recorded in (chunked XXH3-128; XXH3-128, BLAKE3 or SHA-256 in checkpoints written before)."""
     from ..checkpoint.io import hash_file
     from ..checkpoint.layout import locate
 
