@@ -347,6 +347,8 @@ def _form_difference(saved: Any, live: Any, where: str = "") -> str | None:
     if isinstance(live, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(live):
             return f"{where or 'value'}: {_brief(saved)}, expected a sequence of {len(live)}"
+        if all(type(b) is int for b in live) and all(type(a) is int for a in saved):
+            return None  # (Python's RNG state: 625 numbers, checked at once)
         return next(
             (p for i, (a, b) in enumerate(zip(saved, live)) if (p := _form_difference(a, b, f"{where}[{i}]"))), None
         )
