@@ -124,6 +124,24 @@ def inside(root: Path, path: Path) -> Path:
     Raises:
         CheckpointError: a link out of `root`, or a FIFO, device or socket (naming it).
     """
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        parts = ()
+    if ".." in parts:
+        parts = ()  # resolved below
+    mode = None
+    for i in range(len(parts)):  # one lstat per name below `root`, where none is a link (the usual case)
+        try:
+            mode = os.lstat(root.joinpath(*parts[: i + 1])).st_mode
+        except OSError:
+            return path  # missing: its reader names it
+        if stat.S_ISLNK(mode):
+            mode = None
+            break
+    if mode is not None:
+        _check_kind(path, mode)
+        return path
     if not os.path.lexists(path):
         return path
     target = path.resolve()
@@ -136,12 +154,16 @@ def inside(root: Path, path: Path) -> Path:
         mode = os.stat(target).st_mode
     except OSError:
         return path  # a dangling link: its reader reports the file missing
+    _check_kind(path, mode)
+    return path
+
+
+def _check_kind(path: Path, mode: int) -> None:
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise CheckpointError(
             f"Checkpoint file {path} is {describe_type(mode)}, not a regular file; accel reads only regular files. "
             "Load an earlier checkpoint."
         )
-    return path
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
