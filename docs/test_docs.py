@@ -134,6 +134,24 @@ def test_the_performance_page_quotes_the_committed_benchmark_data() -> None:
         )
     ]
     assert table_rows(page, "measure") == expected_launch
+    forked = launch["forked"]
+    expected_forked = [
+        [
+            f"{label}, median",
+            f"{forked[times]['torchrun']:.3f} s",
+            f"{forked[times]['accel launch']:.3f} s",
+            "{:.0f} ms ({:.0f} to {:.0f})".format(forked[key]["difference_ms"], *forked[key]["difference_ms_95ci"]),
+            "{:.3f} ({:.3f}-{:.3f})".format(
+                forked[key]["full_launch_ratio_from_difference"], *forked[key]["full_launch_ratio_from_difference_95ci"]
+            ),
+        ]
+        for label, times, key in (
+            ("CPU time of every process", "median_cpu_seconds", "cpu"),
+            ("wall time", "median_seconds", "wall"),
+        )
+    ]
+    assert table_rows(page, "forked launch") == expected_forked
+    assert f"{forked['rounds']} paired rounds" in page
     own = launch["accel_launch_before_torchrun"]
     assert f"{own['wall_ms']:.0f} ms ({own['cpu_ms']:.0f} ms CPU)" in page
     assert f"{100 * own['share_of_torchrun_median']:.1f}% of\ntorchrun's median launch" in page

@@ -215,19 +215,47 @@ GUARD_SH = (
 )
 
 
-@functools.cache
-def _death_signal_runner() -> tuple[str, str] | None:
-    """util-linux's `setpriv` and a POSIX `sh` when both are here and `setpriv --pdeathsig` works, else None."""
+def _death_signal_tools() -> tuple[str, str] | None:
+    """util-linux's `setpriv` and a POSIX `sh` on Linux when both are on PATH, else None."""
     if not sys.platform.startswith("linux"):
         return None
     setpriv, sh = shutil.which("setpriv"), shutil.which("sh")
-    if not setpriv or not sh:
+    return (setpriv, sh) if setpriv and sh else None
+
+
+# The check `_death_signal_runner` waits for, started early by `launch` (before torch's launcher is imported) so
+# that its few milliseconds pass while that import runs.
+_started_probe: list[subprocess.Popen[bytes]] = []
+
+
+def _start_death_signal_probe() -> None:
+    """Start checking in the background that `setpriv --pdeathsig` works; `_death_signal_runner` takes the answer."""
+    tools = _death_signal_tools()
+    if tools is not None and not _started_probe:
+        try:
+            _started_probe.append(subprocess.Popen([tools[0], "--pdeathsig", "KILL", "--", tools[1], "-c", ":"]))
+        except OSError:
+            pass
+
+
+@functools.cache
+def _death_signal_runner() -> tuple[str, str] | None:
+    """util-linux's `setpriv` and a POSIX `sh` when both are here and `setpriv --pdeathsig` works, else None."""
+    tools = _death_signal_tools()
+    if tools is None:
         return None
+    if not _started_probe:
+        _start_death_signal_probe()
+    if not _started_probe:
+        return None
+    probe = _started_probe.pop()
     try:
-        ok = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", sh, "-c", ":"], timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
+        ok = probe.wait(timeout=10) == 0
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.wait()
         ok = False
-    return (setpriv, sh) if ok else None
+    return tools if ok else None
 
 
 def guarded_worker(launcher_pid: int, args: argparse.Namespace) -> list[str]:
@@ -324,6 +352,7 @@ def launch(argv: Sequence[str]) -> int:
     """Run `accel launch ARGV`; the exit code (1 when a worker failed)."""
     parser = launch_parser(argv)
     args = resolve(parser.parse_args(list(argv)), parser)  # config file, hardware, checks
+    _start_death_signal_probe()  # answered while torch's launcher is imported below
     os.environ.update(worker_env(args))
     if not args.quiet:  # on stderr: the script's stdout stays its own
         print(args.start_line, file=sys.stderr, flush=True)
