@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import shutil
@@ -368,6 +369,9 @@ def launch(argv: Sequence[str]) -> int:
     if progress is not None:
         os.environ.update(progress.env())
         progress.start()
+    # Everything imported so far (torch above all) lives until the launcher exits: moved out of the collector's
+    # reach, the full collection at interpreter exit no longer walks it (about 0.35 s of CPU with torch here).
+    gc.freeze()
     try:
         torchrun_main(build_torchrun_argv(args, launcher_pid=os.getpid()))
     except ChildFailedError as exc:
