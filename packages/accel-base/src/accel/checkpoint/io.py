@@ -30,6 +30,7 @@ import re
 import signal
 import stat
 import struct
+import threading
 import warnings
 import zlib
 from collections.abc import Callable
@@ -288,11 +289,41 @@ def _identity(path: Path) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+_crc_lock = threading.Lock()
+_crc_users = 0
+_crc_before = True
+
+
+@contextlib.contextmanager
+def _without_zip_crc() -> Any:
+    """`torch.save` without the CRC-32 of each zip record (`torch.serialization.set_crc32_options`), while any
+    save here runs: the manifest's digest covers every byte of the file, and the CRC was about 40% of
+    `torch.save`'s CPU time here. Other threads' `torch.save` calls meanwhile skip it too; `torch.load` reads
+    such files (zip tools report the missing CRCs)."""
+    global _crc_users, _crc_before
+    options = torch.serialization
+    if not hasattr(options, "set_crc32_options"):
+        yield
+        return
+    with _crc_lock:
+        if _crc_users == 0:
+            _crc_before = options.get_crc32_options()
+            options.set_crc32_options(False)
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                options.set_crc32_options(_crc_before)
+
+
 def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
-    """`torch.save`, atomically. Returns the file's digest."""
+    """`torch.save`, atomically, without zip CRCs (`_without_zip_crc`). Returns the file's digest."""
 
     def write(tmp: Path) -> str:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f, _without_zip_crc():
             writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
