@@ -270,15 +270,22 @@ def test_the_processes_of_a_node_hash_each_chunk_once_and_all_refuse_a_damaged_o
                 assert re.search(rf"{re.escape(name)} does not match the XXH3-128 hash recorded", outcome), outcome
 
 
-def test_torch_files_are_written_without_zip_crcs_and_torchs_own_saves_keep_them(tmp_path: Path) -> None:
+def test_checkpoint_torch_files_are_written_without_zip_crcs_and_other_saves_keep_them(tmp_path: Path) -> None:
     import zipfile
 
     assert torch.serialization.get_crc32_options() is True
-    digest = checkpoint_io.save_torch({"w": torch.arange(1000)}, tmp_path / "ours.bin")
+    digest = checkpoint_io.save_torch({"w": torch.arange(1000)}, tmp_path / "ours.bin", zip_crc=False)
     with zipfile.ZipFile(tmp_path / "ours.bin") as archive:
         assert all(info.CRC == 0 for info in archive.infolist() if info.file_size), "the manifest's digest covers it"
     assert torch.equal(checkpoint_io.load_torch(tmp_path / "ours.bin", sha256=digest)["w"], torch.arange(1000))
-    # The user's own torch.save afterwards computes CRCs as before.
+    # A checkpoint's files go without them; weights users take elsewhere keep them, and so does the user's own
+    # torch.save afterwards.
+    _, _, directory = _saved(tmp_path)
+    with zipfile.ZipFile(directory / "optimizer.bin") as archive:
+        assert not any(info.CRC for info in archive.infolist())
+    checkpoint_io.write_weights({"w": torch.arange(1000)}, tmp_path / "pytorch_model.bin", safe=False)
+    with zipfile.ZipFile(tmp_path / "pytorch_model.bin") as archive:
+        assert archive.testzip() is None and any(info.CRC for info in archive.infolist())
     assert torch.serialization.get_crc32_options() is True
     torch.save({"w": torch.arange(1000)}, tmp_path / "theirs.bin")
     with zipfile.ZipFile(tmp_path / "theirs.bin") as archive:

@@ -319,11 +319,15 @@ def _without_zip_crc() -> Any:
                 options.set_crc32_options(_crc_before)
 
 
-def save_torch(obj: Any, path: str | os.PathLike[str]) -> str:
-    """`torch.save`, atomically, without zip CRCs (`_without_zip_crc`). Returns the file's digest."""
+def save_torch(obj: Any, path: str | os.PathLike[str], *, zip_crc: bool = True) -> str:
+    """`torch.save`, atomically. Returns the file's digest.
+
+    `zip_crc=False`: without the zip records' CRC-32s (`_without_zip_crc`), for a checkpoint's own files, which
+    its manifest's digests cover; files users take elsewhere (`save_model`'s weights) keep them.
+    """
 
     def write(tmp: Path) -> str:
-        with open(tmp, "wb") as f, _without_zip_crc():
+        with open(tmp, "wb") as f, (contextlib.nullcontext() if zip_crc else _without_zip_crc()):
             writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it

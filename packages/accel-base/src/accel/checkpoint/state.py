@@ -409,7 +409,7 @@ def _copied(state: Any) -> Any:
 _WRITERS: dict[str, Callable[[Any, Path], str]] = {
     "safetensors": lambda state, path: write_weights(state, path, True),
     "weights": lambda state, path: write_weights(state, path, False),
-    "torch": save_torch,
+    "torch": lambda state, path: save_torch(state, path, zip_crc=False),  # the manifest's digests cover them
     "json": save_json,
 }
 
