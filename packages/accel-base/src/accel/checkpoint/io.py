@@ -327,7 +327,7 @@ def save_torch(obj: Any, path: str | os.PathLike[str], *, zip_crc: bool = True) 
     """
 
     def write(tmp: Path) -> str:
-        with open(tmp, "wb") as f, (contextlib.nullcontext() if zip_crc else _without_zip_crc()):
+        with open(tmp, "wb") as f, contextlib.nullcontext() if zip_crc else _without_zip_crc():
             writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file object: torch only writes to it
