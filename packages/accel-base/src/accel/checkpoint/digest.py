@@ -125,8 +125,9 @@ def name_of(recorded: str | None) -> str:
     return _NAMES[algorithm_of(recorded)]
 
 
-def of_bytes(data: Any) -> str:
-    """The digest of `data` in the default algorithm, as recorded."""
-    hasher = Hasher()
+def of_bytes(data: Any, like: str | None = None) -> str:
+    """The digest of `data` (any buffer) as recorded, in the algorithm of the recorded digest `like` (the default
+    for None)."""
+    hasher = Hasher(like)
     hasher.update(data)
     return hasher.text()

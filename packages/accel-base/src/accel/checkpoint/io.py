@@ -233,7 +233,7 @@ class SharedHashing:
         """Hash this process's chunks of `path` (from `region`, the whole file mapped, or a mapping of its own)."""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            identity = _fd_identity(fd)
+            identity = _identity(fd)
             size = identity[2]
             if region is None and size:
                 with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
@@ -284,8 +284,9 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _identity(path: Path) -> tuple[int, int, int, int]:
-    st = path.stat()
+def _identity(target: Path | int) -> tuple[int, int, int, int]:
+    """A file's device, inode, size and modification time, by path or open descriptor."""
+    st = os.stat(target)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
@@ -546,7 +547,7 @@ class MappedWeights:
         self._digest = digest
         self._recorded = recorded
         self._shared = shared
-        self._identity = _fd_identity(fd)
+        self._opened_as = _identity(fd)
 
     def verify(self) -> dict[str, torch.Tensor]:
         """The tensors, once the file's bytes are known to hash to the recorded digest (when one was given), or
@@ -572,7 +573,7 @@ class MappedWeights:
 
         `applied`: the tensors were already copied into the model, whose weights the message then disowns.
         """
-        if self._fd is not None and _fd_identity(self._fd) == self._identity:
+        if self._fd is not None and _identity(self._fd) == self._opened_as:
             return
         if applied:
             raise CheckpointError(
@@ -597,11 +598,6 @@ class MappedWeights:
                 pass
         _unlease(fd)
         os.close(fd)
-
-
-def _fd_identity(fd: int) -> tuple[int, int, int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _lease(fd: int) -> bool:
@@ -661,9 +657,8 @@ def map_safetensors(
         tensors: dict[str, torch.Tensor] = {}
         start = len(header)
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore"
-            )  # frombuffer's note that the buffer is shared; it is private and read-only here
+            # frombuffer's note that the buffer is shared: it is a private mapping, and nothing writes to it here
+            warnings.simplefilter("ignore")
             for name, info in entries:
                 dtype, shape = _BY_NAME[info["dtype"]], [int(d) for d in info["shape"]]
                 begin, stop = info["data_offsets"]
@@ -677,19 +672,13 @@ def map_safetensors(
         if shared:
             digest = _hash_pool().submit(share.hash_part, path, str(sha256), region)  # type: ignore[union-attr]
         else:
-            digest = _hash_pool().submit(_hash_region, region, sha256) if sha256 is not None else None
+            digest = _hash_pool().submit(of_bytes, region, sha256) if sha256 is not None else None
         mapped = MappedWeights(path, fd, {k: tensors[k] for k in sorted(tensors)}, digest, sha256, shared)
         return mapped
     finally:
         if mapped is None:
             _unlease(fd)
             os.close(fd)
-
-
-def _hash_region(region: mmap.mmap, like: str | None) -> str:
-    hasher = Hasher(like)
-    hasher.update(region)
-    return hasher.text()
 
 
 def load_safetensors(

@@ -112,9 +112,7 @@ def _first_round(
 def _owner(ctx: RunContext, local_indexes: list[int], rank: int) -> int:
     """The rank that writes `rank`'s checkpoint: rank 0, or with `save_on_each_node` its node's local main
     (ranks are numbered node by node: the nearest local main at or below it)."""
-    if not ctx.save_on_each_node:
-        return 0
-    return max(r for r in range(rank + 1) if local_indexes[r] == 0)
+    return _node(local_indexes, rank)[0] if ctx.save_on_each_node else 0
 
 
 def _node(local_indexes: list[int], rank: int) -> list[int]:
